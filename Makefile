@@ -1,0 +1,57 @@
+# mmfree-fpga: the two commands are `make run` and `make test`; both set up .venv on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+MODEL  ?= models/hgrn-bit-pydoc
+DEVICE ?=
+PROMPT ?= The Python interpreter
+TOKENS ?= 80
+SEED   ?= 0
+PYTEST_ARGS ?=
+
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
+
+.PHONY: run test test-all lint eval venv clean help
+
+help:
+	@echo "make run       generate text from the shipped model (DEVICE=, PROMPT=, TOKENS=, SEED=)"
+	@echo "make test      run the test suite (everything but the 'slow' tier)"
+	@echo "make test-all  run every tier (slow included; board/gpu tests skip without hardware)"
+	@echo "make eval      held-out perplexity and bits per byte of the shipped model"
+	@echo "make lint      ruff"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Runtime only (numpy, safetensors, tokenizers, rich): what `make run` needs.
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+# Runtime + gateware + simulation + test tools.
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@ $(RUN_STAMP)
+
+venv: $(DEV_STAMP)
+
+run: $(RUN_STAMP)
+	$(BIN)/mmfree generate --model $(MODEL) --prompt "$(PROMPT)" --max-new-tokens $(TOKENS) \
+		--seed $(SEED) $(if $(DEVICE),--device $(DEVICE))
+
+eval: $(RUN_STAMP)
+	$(BIN)/mmfree eval --model $(MODEL) --text data/pydoc/heldout.txt $(if $(DEVICE),--device $(DEVICE))
+
+test: $(DEV_STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(DEV_STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check host hw tests scripts bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,273 @@
+"""The ``mmfree`` command: generate text, score a text file, describe a checkpoint.
+
+::
+
+    mmfree generate --prompt "def parse(" --max-new-tokens 64 --seed 0
+    mmfree eval --text data/pydoc/valid.txt --context 512 --json out/eval.json
+    mmfree info --model ~/models/MMfreeLM-370M
+
+``--model`` defaults to the shipped model (:data:`DEFAULT_MODEL`), ``--device`` to
+:data:`host.devices.DEFAULT_DEVICE`. Errors the user can fix (a missing file, a bad argument, a
+checkpoint or device problem) print one line, ``mmfree: error: ...``, on stderr and exit with status 2;
+Ctrl-C exits with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from host.devices import DEFAULT_DEVICE, DEVICES, PLANNED_DEVICES, DeviceError, open_device
+
+__all__ = ["DEFAULT_MODEL", "build_parser", "main"]
+
+#: The shipped small model (``models/hgrn-bit-pydoc`` at the repository root).
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "hgrn-bit-pydoc"
+
+PROG = "mmfree"
+
+# Generation defaults of the CLI (the library functions default to plain sampling).
+DEFAULT_MAX_NEW_TOKENS = 64
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 50
+DEFAULT_TOP_P = 0.95
+DEFAULT_REPETITION_PENALTY = 1.1
+DEFAULT_SEED = 0
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _load_checkpoint(path: Path) -> Any:
+    """``host.checkpoint.load_checkpoint(path)`` with a clear error for a missing directory."""
+    if not path.exists():
+        if path == DEFAULT_MODEL:
+            raise FileNotFoundError(f"the shipped model is missing: {path} does not exist; "
+                                    "pass --model DIR (an HGRN-Bit checkpoint directory)")
+        raise FileNotFoundError(f"model directory not found: {path}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"--model must be a checkpoint directory, got the file {path}")
+    from host.checkpoint import load_checkpoint  # the loader is only needed once a model is used
+
+    return load_checkpoint(path, progress=_stderr_is_tty())
+
+
+def _tokenizer_of(checkpoint: Any) -> Any:
+    tokenizer = getattr(checkpoint, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError(f"checkpoint {getattr(checkpoint, 'path', '?')} has no tokenizer.json "
+                         "(needed to turn text into tokens)")
+    return tokenizer
+
+
+def _check_file(path: Path, what: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} is a directory: {path}")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _fmt_rate(rate: float) -> str:
+    return "-" if math.isnan(rate) else f"{rate:.1f}"
+
+
+# ---------------------------------------------------------------------- subcommands
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.text import Text
+
+    from host.generate import generate
+    from host.sampling import validate_sampling
+
+    # Everything checkable without the model first: a typo should not cost a checkpoint load.
+    validate_sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      repetition_penalty=args.repetition_penalty)
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    with open_device(args.device) as device:
+        checkpoint = _load_checkpoint(args.model)
+        tokenizer = _tokenizer_of(checkpoint)
+        device.load(checkpoint)
+        stream = generate(device, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed,
+                          stop_at_eos=not args.ignore_eos)
+        out = Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False, markup=False)
+        out.print(Text(args.prompt, style="dim"), end="")
+        for piece in stream:
+            out.print(Text(piece), end="")
+        out.print()
+        r = stream.result
+        print(f"[{r.n_tokens} tokens, {_fmt_rate(r.decode_tokens_per_s)} tokens/s, "
+              f"prefill {len(r.prompt_ids)} tokens in {r.prefill_seconds:.3f} s, stop {r.stop_reason}, "
+              f"device {device.name}]", file=sys.stderr)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from host.evaluate import evaluate_file
+
+    _check_file(args.text, "text file")
+    if args.context < 1:
+        raise ValueError(f"--context must be >= 1, got {args.context}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    with open_device(args.device) as device:
+        checkpoint = _load_checkpoint(args.model)
+        tokenizer = _tokenizer_of(checkpoint)
+        device.load(checkpoint)
+        result = evaluate_file(device, tokenizer, args.text, context=args.context, max_tokens=args.max_tokens,
+                               progress=args.progress if args.progress is not None else _stderr_is_tty())
+        counters = device.counters()
+    print(f"perplexity     {result.perplexity:.4f}")
+    print(f"bits per byte  {result.bits_per_byte:.4f}")
+    print(f"tokens         {result.tokens}")
+    print(f"bytes          {result.bytes}")
+    print(f"seconds        {result.seconds:.2f}  ({_fmt_rate(result.tokens_per_s)} tokens/s, "
+          f"{result.windows} windows of {result.context}, device {args.device})")
+    if args.json is not None:
+        report = {"model": str(args.model), "text": str(args.text), "device": args.device,
+                  "max_tokens": args.max_tokens, **result.to_dict(), "counters": counters}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    checkpoint = _load_checkpoint(args.model)
+    cfg = checkpoint.config
+    tokenizer = getattr(checkpoint, "tokenizer", None)
+    rows: list[tuple[str, str]] = [
+        ("model", str(getattr(checkpoint, "path", args.model))),
+        ("dtype", str(getattr(checkpoint, "dtype", "?"))),
+    ]
+    for key, value in cfg.to_dict().items():
+        rows.append((key, str(value)))
+    n_trits = cfg.n_trits
+    rows += [
+        ("parameters", f"{cfg.n_params:,} ({cfg.n_params / 1e6:.1f} M)"),
+        ("trits per token", f"{n_trits:,} ({n_trits / 1e6:.1f} M)"),
+        ("weights per token", f"{_fmt_bytes(n_trits * 1.6 / 8)} at 1.6 bit/trit, "
+                              f"{_fmt_bytes(n_trits * 2 / 8)} at 2 bit/trit"),
+        ("tokenizer vocab", "none (no tokenizer.json)" if tokenizer is None
+         else str(tokenizer.get_vocab_size(with_added_tokens=True))),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+# ---------------------------------------------------------------------- parser
+
+def _device_help() -> str:
+    known = ", ".join(f"{n} ({e.summary})" for n, e in DEVICES.items())
+    planned = ", ".join(PLANNED_DEVICES)
+    return f"device to run on (default: {DEFAULT_DEVICE}); available: {known}; planned: {planned}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mmfree`` argument parser (subcommands ``generate``, ``eval``, ``info``)."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Host runtime of the MatMul-free LM accelerator.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(p: argparse.ArgumentParser, *, device: bool = True) -> None:
+        p.add_argument("--model", type=Path, default=DEFAULT_MODEL, metavar="DIR",
+                       help=f"checkpoint directory (config.json, *.safetensors, tokenizer.json); "
+                            f"default: {DEFAULT_MODEL}")
+        if device:
+            p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help=_device_help())
+
+    g = sub.add_parser("generate", help="generate text after a prompt, streamed as it is produced")
+    common(g)
+    g.add_argument("--prompt", default="", help="prompt text (default: empty, start from BOS)")
+    g.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, metavar="N",
+                   help=f"tokens to generate at most (default: {DEFAULT_MAX_NEW_TOKENS})")
+    g.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, metavar="T",
+                   help=f"softmax temperature, 0 = greedy (default: {DEFAULT_TEMPERATURE})")
+    g.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
+                   help=f"sample among the K most likely tokens, 0 = off (default: {DEFAULT_TOP_K})")
+    g.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, metavar="P",
+                   help=f"nucleus sampling mass in (0, 1], 1 = off (default: {DEFAULT_TOP_P})")
+    g.add_argument("--repetition-penalty", type=float, default=DEFAULT_REPETITION_PENALTY, metavar="R",
+                   help=f"CTRL repetition penalty, 1 = off (default: {DEFAULT_REPETITION_PENALTY})")
+    g.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S",
+                   help=f"random seed: the same seed gives the same tokens (default: {DEFAULT_SEED})")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating after the EOS token")
+    g.set_defaults(func=_cmd_generate)
+
+    e = sub.add_parser("eval", help="perplexity and bits per byte of a UTF-8 text file")
+    common(e)
+    e.add_argument("--text", type=Path, required=True, metavar="FILE", help="UTF-8 text file to score")
+    e.add_argument("--context", type=int, default=512, metavar="N",
+                   help="tokens per window; each window starts from a zero state after BOS (default: 512)")
+    e.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
+    e.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the results as JSON")
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar over windows (default: when stderr is a terminal)")
+    e.set_defaults(func=_cmd_eval)
+
+    i = sub.add_parser("info", help="describe a checkpoint: config, parameters, trits per token, tokenizer")
+    common(i, device=False)
+    i.set_defaults(func=_cmd_info)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``mmfree`` (``host.cli:main``); returns the exit status.
+
+    Returns
+    -------
+    int
+        0 on success; 2 on a usage, file, checkpoint, device or argument error (one line on stderr);
+        130 on Ctrl-C; 1 when stdout is closed early (a broken pipe).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): return it instead of exiting
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        try:  # stop Python's exit-time flush from failing again on the closed pipe
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
+    except (DeviceError, ValueError, OSError) as exc:  # CheckpointError and ConfigError are ValueErrors
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""host.cli: the mmfree command's subcommands, output and error paths (exit 2, one line; Ctrl-C 130)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from host_fakes import ToyDevice, tiny_checkpoint, tiny_tokenizer
+
+import host.cli as cli
+from host.devices import DEFAULT_DEVICE, DEVICES, DeviceEntry
+
+TEXT = "def parse(text):\n    return text.split()\n# café 🚀 中文\n" * 4
+
+
+@pytest.fixture
+def fake_model(monkeypatch, tmp_path):
+    """``--model`` loads a tiny in-memory checkpoint; device ``toy`` is registered."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    checkpoint = tiny_checkpoint()
+    checkpoint.path = model_dir
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: checkpoint)
+    monkeypatch.setitem(DEVICES, "toy", DeviceEntry(ToyDevice.__module__, "ToyDevice", "toy model"))
+    return model_dir
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mmfree: error: "), err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------- error paths
+
+def test_missing_model_dir(capsys, tmp_path):
+    assert cli.main(["info", "--model", str(tmp_path / "nope")]) == 2
+    assert "not found" in _error_line(capsys)
+
+
+def test_missing_default_model_says_pass_model(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "hgrn-bit-pydoc")
+    assert cli.main(["generate", "--prompt", "x"]) == 2
+    line = _error_line(capsys)
+    assert "shipped model" in line and "--model" in line
+
+
+def test_model_is_a_file(capsys, tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert cli.main(["info", "--model", str(f)]) == 2
+    assert "directory" in _error_line(capsys)
+
+
+@pytest.mark.parametrize(("args", "word"), [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-k", "-3"], "top_k"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--repetition-penalty", "0"], "repetition_penalty"),
+    (["--max-new-tokens", "-1"], "max-new-tokens"),
+    (["--seed", "-5"], "seed"),
+    (["--device", "nope"], "reference"),
+    (["--device", "golden"], "not implemented"),
+])
+def test_generate_bad_arguments(capsys, tmp_path, args, word):
+    # checked before the model is loaded: the model directory does not even exist
+    assert cli.main(["generate", "--model", str(tmp_path / "absent"), "--prompt", "x", *args]) == 2
+    assert word in _error_line(capsys)
+
+
+def test_eval_missing_text(capsys, fake_model, tmp_path):
+    assert cli.main(["eval", "--model", str(fake_model), "--text", str(tmp_path / "none.txt")]) == 2
+    assert "text file not found" in _error_line(capsys)
+
+
+@pytest.mark.parametrize(("args", "word"), [
+    (["--context", "0"], "--context"),
+    (["--max-tokens", "0"], "--max-tokens"),
+])
+def test_eval_bad_numbers(capsys, fake_model, tmp_path, args, word):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    assert cli.main(["eval", "--model", str(fake_model), "--text", str(text), *args]) == 2
+    assert word in _error_line(capsys)
+
+
+def test_eval_non_utf8_text(capsys, fake_model, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"\xff\xfe bad")
+    assert cli.main(["eval", "--model", str(fake_model), "--text", str(text), "--device", "toy"]) == 2
+    assert "utf-8" in _error_line(capsys).lower()
+
+
+def test_checkpoint_error_is_one_line(capsys, monkeypatch, tmp_path):
+    def broken(path):
+        # host.checkpoint.CheckpointError is a ValueError
+        raise ValueError("config.json: vocab_size must be a positive integer,\n got 0")
+
+    monkeypatch.setattr(cli, "_load_checkpoint", broken)
+    assert cli.main(["info", "--model", str(tmp_path)]) == 2
+    assert "vocab_size must be a positive integer, got 0" in _error_line(capsys)
+
+
+def test_no_tokenizer(capsys, monkeypatch, fake_model):
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: tiny_checkpoint(tokenizer=False))
+    assert cli.main(["generate", "--model", str(fake_model), "--device", "toy"]) == 2
+    assert "tokenizer" in _error_line(capsys)
+
+
+def test_keyboard_interrupt_exits_130(capsys, monkeypatch, tmp_path):
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_load_checkpoint", interrupted)
+    assert cli.main(["info", "--model", str(tmp_path)]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_usage_errors_and_help(capsys):
+    assert cli.main([]) == 2
+    assert cli.main(["generate", "--top-k", "many"]) == 2
+    assert cli.main(["frobnicate"]) == 2
+    capsys.readouterr()
+    assert cli.main(["--help"]) == 0
+    assert "generate" in capsys.readouterr().out
+    assert cli.main(["generate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert DEFAULT_DEVICE in out and "--repetition-penalty" in out
+
+
+# ---------------------------------------------------------------------- working commands (fake model)
+
+def test_generate_streams_and_reports(capsys, fake_model):
+    argv = ["generate", "--model", str(fake_model), "--device", "toy", "--prompt", "def parse(",
+            "--max-new-tokens", "12", "--seed", "4", "--ignore-eos"]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr()
+    assert first.out.startswith("def parse(") and first.out.endswith("\n")
+    assert re.fullmatch(r"\[12 tokens, [\d.]+ tokens/s, .*device toy\]\n", first.err), first.err
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out == first.out  # same seed, same text
+    assert cli.main([*argv[:-2], "5", "--ignore-eos"]) == 0
+    assert capsys.readouterr().out != first.out
+
+
+def test_eval_prints_and_writes_json(capsys, fake_model, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out_json = tmp_path / "out" / "eval.json"
+    argv = ["eval", "--model", str(fake_model), "--device", "toy", "--text", str(text), "--context", "16",
+            "--json", str(out_json), "--no-progress"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for word in ("perplexity", "bits per byte", "tokens", "bytes", "seconds"):
+        assert word in out
+    report = json.loads(out_json.read_text())
+    assert report["bytes"] == len(TEXT.encode("utf-8"))
+    assert report["tokens"] == len(tiny_tokenizer().encode(TEXT, add_special_tokens=False).ids)
+    assert report["device"] == "toy" and report["context"] == 16
+    assert report["perplexity"] > 1 and report["bits_per_byte"] > 0
+    assert report["counters"]["resets"] == report["windows"]
+
+
+def test_info(capsys, fake_model):
+    assert cli.main(["info", "--model", str(fake_model)]) == 0
+    out = capsys.readouterr().out
+    cfg = tiny_checkpoint().config
+    assert f"{cfg.n_params:,}" in out and f"{cfg.n_trits:,}" in out
+    assert re.search(rf"tokenizer vocab\s+{tiny_tokenizer().get_vocab_size()}\b", out)
+    assert re.search(r"hidden_size\s+16\b", out)
+
+
+# ---------------------------------------------------------------------- end to end: checkpoint on disk
+
+def test_end_to_end_on_disk_checkpoint(capsys, tmp_path):
+    pytest.importorskip("host.reference", reason="host/reference.py (ReferenceModel) is not written yet")
+    testing = pytest.importorskip("host.testing", reason="host/testing.py (checkpoint writer) is missing")
+    tok = tiny_tokenizer()
+    model = tmp_path / "tiny"
+    config = testing.tiny_config(vocab_size=tok.get_vocab_size())
+    testing.write_tiny_checkpoint(model, config, dtype="float32")
+    tok.save(str(model / "tokenizer.json"))
+    assert cli.main(["info", "--model", str(model)]) == 0
+    assert "float32" in capsys.readouterr().out
+    assert cli.main(["generate", "--model", str(model), "--device", "reference", "--prompt", "def",
+                     "--max-new-tokens", "6", "--ignore-eos"]) == 0
+    r = capsys.readouterr()
+    assert r.out.startswith("def") and "[6 tokens" in r.err and "device reference]" in r.err
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    assert cli.main(["eval", "--model", str(model), "--text", str(text), "--context", "32"]) == 0
+    assert "bits per byte" in capsys.readouterr().out
