@@ -15,10 +15,10 @@ DEV_STAMP := $(VENV)/.installed-dev
 .PHONY: run test test-all lint eval venv clean help
 
 help:
-	@echo "make run       generate text from the shipped model (DEVICE=, PROMPT=, TOKENS=, SEED=)"
+	@echo "make run       generate text from the shipped model (PROMPT=, TOKENS=, SEED=, DEVICE=, MODEL=)"
 	@echo "make test      run the test suite (everything but the 'slow' tier)"
 	@echo "make test-all  run every tier (slow included; board/gpu tests skip without hardware)"
-	@echo "make eval      held-out perplexity and bits per byte of the shipped model"
+	@echo "make eval      held-out perplexity and bits per byte of the shipped model (DEVICE=, MODEL=)"
 	@echo "make lint      ruff"
 
 $(BIN)/python:
@@ -37,8 +37,14 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 
 venv: $(DEV_STAMP)
 
+# PROMPT= reaches mmfree literally, whatever it holds ("quotes", $vars, `backquotes`, $(make refs)):
+# through the environment, never through the recipe's text. $(value PROMPT) keeps make from expanding
+# it, "$$MMFREE_PROMPT" keeps the shell from re-reading it, and `unexport PROMPT` stops make from
+# expanding a command-line PROMPT (a `$(shell ...)` in it included) to export it to the recipe.
+unexport PROMPT
+run: export MMFREE_PROMPT = $(value PROMPT)
 run: $(RUN_STAMP)
-	$(BIN)/mmfree generate --model $(MODEL) --prompt "$(PROMPT)" --max-new-tokens $(TOKENS) \
+	$(BIN)/mmfree generate --model $(MODEL) --prompt "$$MMFREE_PROMPT" --max-new-tokens $(TOKENS) \
 		--seed $(SEED) $(if $(DEVICE),--device $(DEVICE))
 
 eval: $(RUN_STAMP)

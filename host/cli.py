@@ -3,7 +3,7 @@
 ::
 
     mmfree generate --prompt "def parse(" --max-new-tokens 64 --seed 0
-    mmfree eval --text data/pydoc/valid.txt --context 512 --json out/eval.json
+    mmfree eval --text data/pydoc/heldout.txt --context 512 --json eval.json
     mmfree info --model ~/models/MMfreeLM-370M
 
 ``--model`` defaults to the shipped model (:data:`DEFAULT_MODEL`), ``--device`` to
@@ -77,6 +77,28 @@ def _check_file(path: Path, what: str) -> None:
         raise IsADirectoryError(f"{what} is a directory: {path}")
 
 
+def _check_writable(path: Path, what: str) -> None:
+    """Fail now, before any work, if ``path`` cannot be written later (its directory is not created)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} is a directory: {path}")
+    parent = path.parent
+    if not parent.is_dir():
+        problem = "is not a directory" if parent.exists() else "does not exist"
+        raise FileNotFoundError(f"cannot write {what} {path}: the directory {parent} {problem}")
+    existed = path.exists()
+    try:  # a real probe: permissions, read-only file systems and root's rights all answer truthfully
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise OSError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
@@ -118,37 +140,40 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             out.print(Text(piece), end="")
         out.print()
         r = stream.result
-        print(f"[{r.n_tokens} tokens, {_fmt_rate(r.decode_tokens_per_s)} tokens/s, "
-              f"prefill {len(r.prompt_ids)} tokens in {r.prefill_seconds:.3f} s, stop {r.stop_reason}, "
-              f"device {device.name}]", file=sys.stderr)
+        print(f"[{_plural(r.n_tokens, 'token')}, {_fmt_rate(r.decode_tokens_per_s)} tokens/s, "
+              f"prefill {_plural(len(r.prompt_ids), 'token')} in {r.prefill_seconds:.3f} s, "
+              f"stop {r.stop_reason}, device {device.name}]", file=sys.stderr)
     return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from host.evaluate import evaluate_file
+    from host.evaluate import evaluate, read_text_file
 
+    # Everything checkable without the model first: a bad file should not cost a checkpoint load or a run.
     _check_file(args.text, "text file")
     if args.context < 1:
         raise ValueError(f"--context must be >= 1, got {args.context}")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.json is not None:
+        _check_writable(args.json, "--json")
+    text = read_text_file(args.text)
     with open_device(args.device) as device:
         checkpoint = _load_checkpoint(args.model)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
-        result = evaluate_file(device, tokenizer, args.text, context=args.context, max_tokens=args.max_tokens,
-                               progress=args.progress if args.progress is not None else _stderr_is_tty())
+        result = evaluate(device, tokenizer, text, context=args.context, max_tokens=args.max_tokens,
+                          progress=args.progress if args.progress is not None else _stderr_is_tty())
         counters = device.counters()
     print(f"perplexity     {result.perplexity:.4f}")
     print(f"bits per byte  {result.bits_per_byte:.4f}")
     print(f"tokens         {result.tokens}")
     print(f"bytes          {result.bytes}")
     print(f"seconds        {result.seconds:.2f}  ({_fmt_rate(result.tokens_per_s)} tokens/s, "
-          f"{result.windows} windows of {result.context}, device {args.device})")
+          f"{_plural(result.windows, 'window')} of {result.context}, device {args.device})")
     if args.json is not None:
         report = {"model": str(args.model), "text": str(args.text), "device": args.device,
                   "max_tokens": args.max_tokens, **result.to_dict(), "counters": counters}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     return 0
 
@@ -222,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--context", type=int, default=512, metavar="N",
                    help="tokens per window; each window starts from a zero state after BOS (default: 512)")
     e.add_argument("--max-tokens", type=int, default=None, metavar="N", help="score only the first N tokens")
-    e.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the results as JSON")
+    e.add_argument("--json", type=Path, default=None, metavar="OUT",
+                   help="also write the results as JSON to OUT (its directory must exist)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar over windows (default: when stderr is a terminal)")
     e.set_defaults(func=_cmd_eval)

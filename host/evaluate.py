@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = [
-    "DEFAULT_CONTEXT", "EvalResult", "cross_entropy", "evaluate", "evaluate_file", "token_byte_lengths",
+    "DEFAULT_CONTEXT", "EvalResult", "cross_entropy", "evaluate", "evaluate_file", "read_text_file",
+    "token_byte_lengths",
 ]
 
 #: Tokens scored per window (each window starts from a zero state).
@@ -291,18 +292,42 @@ def evaluate(device: Device, tokenizer: Tokenizer, text: str, *, context: int = 
                       context=context)
 
 
+def read_text_file(path: str | Path) -> str:
+    """The text of a UTF-8 file, newlines read as by ``open(path, encoding="utf-8")`` (``\\r\\n`` and
+    ``\\r`` become ``\\n``).
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, PermissionError (OSErrors)
+        If the file cannot be read.
+    ValueError
+        If the file is not valid UTF-8; the message names the file and the offending bytes, their byte
+        offset in the file and their line.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = exc.object[exc.start:max(exc.end, exc.start + 1)]
+        what = ("byte " if len(bad) == 1 else "bytes ") + " ".join(f"0x{b:02x}" for b in bad)
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path} is not valid UTF-8: {what} at byte offset {exc.start} (line {line}): "
+                         f"{exc.reason}") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def evaluate_file(device: Device, tokenizer: Tokenizer, path: str | Path, **options: Any) -> EvalResult:
-    """:func:`evaluate` on a UTF-8 text file.
+    """:func:`evaluate` on a UTF-8 text file (read by :func:`read_text_file`).
 
     Raises
     ------
     FileNotFoundError
         If the file does not exist.
-    UnicodeDecodeError (a ValueError)
-        If the file is not valid UTF-8.
+    ValueError
+        If the file is not valid UTF-8 (the message names the file and the byte offset).
     """
-    text = Path(path).read_text(encoding="utf-8")
-    return evaluate(device, tokenizer, text, **options)
+    return evaluate(device, tokenizer, read_text_file(path), **options)
 
 
 class _progress:

@@ -189,7 +189,8 @@ class ReferenceModel:
             raise ValueError("token_ids must hold at least one token")
         new_state = np.empty_like(h_all)
         if trace is not None:
-            trace.update({"o_proj": [], "down_proj": [], "h": []})
+            for key in ("o_proj", "down_proj", "h", "i", "f", "g", "p", "gate", "m", "x"):
+                trace[key] = []
         for idx, p in enumerate(self._layers):
             # token mixer (MLGRU)
             xn = rms_norm(x, p["attn_norm"], self.eps)
@@ -205,19 +206,30 @@ class ReferenceModel:
             new_state[idx] = h
             if self.output_gate == "released":
                 o = rms_norm(g_t, p["g_norm"], self.eps) * silu(hs)
+                p_vec = g_t * p["g_norm"] * silu(hs) if trace is not None else None
             else:
                 o = sigmoid(g_t) * hs
+                p_vec = o
             attn_out = p["o"](o.astype(np.float32))
             x = (x + attn_out).astype(np.float32)
             # channel mixer (GLU)
             xn = rms_norm(x, p["mlp_norm"], self.eps)
             ab = p["gate"](xn)
-            mlp_out = p["down"]((silu(ab[:, : self._inter]) * ab[:, self._inter:]).astype(np.float32))
+            m = (silu(ab[:, : self._inter]) * ab[:, self._inter:]).astype(np.float32)
+            mlp_out = p["down"](m)
+            x_mid = x
             x = (x + mlp_out).astype(np.float32)
             if trace is not None:
                 trace["o_proj"].append(attn_out)
                 trace["down_proj"].append(mlp_out)
                 trace["h"].append(hs)
+                trace["i"].append(i_t)
+                trace["f"].append(f_hat)
+                trace["g"].append(g_t)
+                trace["p"].append(p_vec)
+                trace["gate"].append(ab)
+                trace["m"].append(m)
+                trace["x"].append(np.maximum(np.abs(x_mid), np.abs(x)))
         logits = self._head(rms_norm(x, self._norm, self.eps))
         return logits, new_state
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 
 import pytest
@@ -64,7 +66,7 @@ def test_model_is_a_file(capsys, tmp_path):
     (["--max-new-tokens", "-1"], "max-new-tokens"),
     (["--seed", "-5"], "seed"),
     (["--device", "nope"], "reference"),
-    (["--device", "golden"], "not implemented"),
+    (["--device", "rtl"], "not implemented"),
 ])
 def test_generate_bad_arguments(capsys, tmp_path, args, word):
     # checked before the model is loaded: the model directory does not even exist
@@ -88,11 +90,86 @@ def test_eval_bad_numbers(capsys, fake_model, tmp_path, args, word):
     assert word in _error_line(capsys)
 
 
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if a command gets as far as loading the model (its checks should come first)."""
+    def load(path):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "_load_checkpoint", load)
+
+
 def test_eval_non_utf8_text(capsys, fake_model, tmp_path):
     text = tmp_path / "t.txt"
     text.write_bytes(b"\xff\xfe bad")
     assert cli.main(["eval", "--model", str(fake_model), "--text", str(text), "--device", "toy"]) == 2
     assert "utf-8" in _error_line(capsys).lower()
+
+
+def test_eval_non_utf8_text_names_file_and_offset(capsys, fake_model, no_model_load, tmp_path):
+    text = tmp_path / "latin1.txt"
+    text.write_bytes(b"abc\xa5 def\n")  # 0xa5 is a continuation byte where a character should start
+    assert cli.main(["eval", "--model", str(fake_model), "--text", str(text), "--device", "toy"]) == 2
+    line = _error_line(capsys)
+    assert str(text) in line and "UTF-8" in line
+    assert "byte 0xa5 at byte offset 3" in line
+    assert "invalid start byte" in line
+
+
+def test_eval_json_missing_directory_refused_before_running(capsys, fake_model, no_model_load, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out_json = tmp_path / "missing" / "eval.json"
+    argv = ["eval", "--model", str(fake_model), "--device", "toy", "--text", str(text),
+            "--json", str(out_json), "--no-progress"]
+    assert cli.main(argv) == 2
+    line = _error_line(capsys)
+    assert str(out_json) in line and f"the directory {out_json.parent} does not exist" in line
+    assert not out_json.parent.exists()  # refused, not created
+
+
+@pytest.mark.parametrize("case", ["directory", "parent is a file"])
+def test_eval_json_bad_path_refused_before_running(capsys, fake_model, no_model_load, tmp_path, case):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    if case == "directory":
+        out_json, word = tmp_path, "is a directory"
+    else:
+        out_json, word = text / "eval.json", "is not a directory"
+    assert cli.main(["eval", "--model", str(fake_model), "--text", str(text), "--json", str(out_json)]) == 2
+    line = _error_line(capsys)
+    assert "--json" in line and word in line
+
+
+def test_eval_json_unwritable_refused_before_running(capsys, monkeypatch, fake_model, no_model_load,
+                                                     tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out_json = tmp_path / "eval.json"
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(cli, "open", denied, raising=False)  # shadows the builtin inside host.cli only
+    assert cli.main(["eval", "--model", str(fake_model), "--text", str(text), "--json", str(out_json)]) == 2
+    line = _error_line(capsys)
+    assert f"cannot write --json {out_json}" in line and os.strerror(errno.EACCES) in line
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="needs file permissions to be enforced (not root)")
+def test_eval_json_read_only_directory(capsys, fake_model, no_model_load, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        argv = ["eval", "--model", str(fake_model), "--text", str(text), "--json", str(locked / "e.json")]
+        assert cli.main(argv) == 2
+    finally:
+        locked.chmod(0o700)
+    assert "cannot write --json" in _error_line(capsys)
 
 
 def test_checkpoint_error_is_one_line(capsys, monkeypatch, tmp_path):
@@ -151,6 +228,8 @@ def test_eval_prints_and_writes_json(capsys, fake_model, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
     out_json = tmp_path / "out" / "eval.json"
+    out_json.parent.mkdir()
+    out_json.write_text("stale")  # an existing file is overwritten
     argv = ["eval", "--model", str(fake_model), "--device", "toy", "--text", str(text), "--context", "16",
             "--json", str(out_json), "--no-progress"]
     assert cli.main(argv) == 0
@@ -158,11 +237,30 @@ def test_eval_prints_and_writes_json(capsys, fake_model, tmp_path):
     for word in ("perplexity", "bits per byte", "tokens", "bytes", "seconds"):
         assert word in out
     report = json.loads(out_json.read_text())
+    assert f" {report['windows']} windows of 16," in out
     assert report["bytes"] == len(TEXT.encode("utf-8"))
     assert report["tokens"] == len(tiny_tokenizer().encode(TEXT, add_special_tokens=False).ids)
     assert report["device"] == "toy" and report["context"] == 16
     assert report["perplexity"] > 1 and report["bits_per_byte"] > 0
     assert report["counters"]["resets"] == report["windows"]
+
+
+@pytest.mark.parametrize(("context", "phrase"), [("512", "1 window of 512,"), ("4", " windows of 4,")])
+def test_eval_window_count_is_pluralized(capsys, fake_model, tmp_path, context, phrase):
+    text = tmp_path / "t.txt"
+    text.write_text("def parse(text):\n", encoding="utf-8")
+    assert cli.main(["eval", "--model", str(fake_model), "--device", "toy", "--text", str(text),
+                     "--context", context, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert phrase in out and "1 windows" not in out
+
+
+def test_generate_report_is_pluralized(capsys, fake_model):
+    argv = ["generate", "--model", str(fake_model), "--device", "toy", "--prompt", "",
+            "--max-new-tokens", "1", "--ignore-eos"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("[1 token, ") and "prefill 1 token in " in err  # the prompt is BOS alone
 
 
 def test_info(capsys, fake_model):

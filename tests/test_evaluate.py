@@ -10,7 +10,7 @@ import pytest
 from host_fakes import BOS, FixedDistDevice, ToyDevice, UniformDevice, tiny_checkpoint, tiny_tokenizer
 from rich.console import Console
 
-from host.evaluate import cross_entropy, evaluate, evaluate_file, token_byte_lengths
+from host.evaluate import cross_entropy, evaluate, evaluate_file, read_text_file, token_byte_lengths
 
 TEXT = ("def parse(text):\n    return text.split()\n# naïve café → 🚀, 中文字符 和 日本語\n"
         "class Foo:\n    pass\n") * 3
@@ -137,6 +137,30 @@ def test_real_device_file_and_progress(tmp_path):
     again = evaluate_file(dev, tiny_tokenizer(), path, context=32)
     assert r.nll == again.nll and np.isfinite(r.nll) and r.perplexity > 1
     assert r.seconds > 0 and r.tokens_per_s > 0
+
+
+@pytest.mark.parametrize(("data", "where"), [
+    (b"abc\xa5 def", "byte 0xa5 at byte offset 3 (line 1): invalid start byte"),
+    ("caf\u00e9\nna\u00efve\n".encode() + b"x\xc3(", "byte 0xc3 at byte offset 14 (line 3): "
+                                                      "invalid continuation byte"),
+    (b"ok\n\xe4\xb8", "bytes 0xe4 0xb8 at byte offset 3 (line 2): unexpected end of data"),
+])
+def test_non_utf8_file_error_names_file_and_offset(tmp_path, data, where):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as info:
+        read_text_file(path)
+    assert str(info.value) == f"{path} is not valid UTF-8: {where}"
+    with pytest.raises(ValueError, match="bad.txt is not valid UTF-8"):
+        evaluate_file(_load(UniformDevice()), tiny_tokenizer(), path)
+
+
+def test_read_text_file_reads_like_open(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes("\ufeffa\r\nb\rc\n\u4e2d\u6587 \U0001f680\r".encode())
+    with open(path, encoding="utf-8") as f:
+        expected = f.read()
+    assert read_text_file(path) == expected == "\ufeffa\nb\nc\n\u4e2d\u6587 \U0001f680\n"
 
 
 def test_reference_device_scores_like_stepping():

@@ -20,8 +20,16 @@ MODEL = ROOT / "models" / "hgrn-bit-pydoc"
 HELDOUT = ROOT / "data" / "pydoc" / "heldout.txt"
 
 # `make run` (mmfree generate --prompt "The Python interpreter" --max-new-tokens 80 --seed 0, CLI sampling
-# defaults: temperature 0.8, top-k 50, top-p 0.95, repetition penalty 1.1).
+# defaults: temperature 0.8, top-k 50, top-p 0.95, repetition penalty 1.1) on the default, golden device:
+# integer arithmetic end to end, so the text is the same on every machine.
 PINNED_SAMPLED = (
+    " has an\nauditable interface to the user of a web browser. The standard library is\nimplemented by "
+    "default. It adds or removing these functions as their\n:attr:`~ExtensionInputSource.excepthook` and "
+    ":class:`ErrorHandler` interfaces.\n\n\n.. function:: read_history(connection, message=None, header"
+)
+# The same on the float reference (float32 numpy: the same text on this machine family; another libm or
+# SIMD path may round a sigmoid differently and take another branch).
+PINNED_SAMPLED_REFERENCE = (
     " has an\nauditable interface to the user of a web browser. The standard library is\nimplemented by "
     "default. It adds or removing these functions as input and history\nto output from the program. If "
     "*cmd* is less than 0, the file mode is read.\n\n\n.. function:: gdb(rv_dir, *, popen_hook="
@@ -38,9 +46,9 @@ def checkpoint():
     return load_checkpoint(MODEL)
 
 
-@pytest.fixture(scope="module")
-def device(checkpoint):
-    dev = open_device("reference")
+@pytest.fixture(scope="module", params=["golden", "reference"])
+def device(request, checkpoint):
+    dev = open_device(request.param)
     dev.load(checkpoint)
     yield dev
     dev.close()
@@ -61,7 +69,7 @@ def test_shipped_model_shape(checkpoint):
 def test_pinned_seeded_generation(checkpoint, device):
     r = generate_text(device, checkpoint.tokenizer, "The Python interpreter", max_new_tokens=80,
                       temperature=0.8, top_k=50, top_p=0.95, repetition_penalty=1.1, seed=0)
-    assert r.text == PINNED_SAMPLED
+    assert r.text == (PINNED_SAMPLED if device.name == "golden" else PINNED_SAMPLED_REFERENCE)
 
 
 def test_pinned_greedy_generation(checkpoint, device):
@@ -70,14 +78,14 @@ def test_pinned_greedy_generation(checkpoint, device):
 
 
 def test_heldout_bits_per_byte_prefix(checkpoint, device):
-    """A 4,096-token prefix of the held-out text; the whole file (1.345 bits/byte) runs in `make eval`."""
-    r = evaluate_file(device, checkpoint.tokenizer, HELDOUT, context=512, max_tokens=4096, progress=False)
-    assert r.tokens == 4096
+    """A 1,024-token prefix of the held-out text; the whole file (1.345 bits/byte) runs in `make eval`."""
+    r = evaluate_file(device, checkpoint.tokenizer, HELDOUT, context=512, max_tokens=1024, progress=False)
+    assert r.tokens == 1024
     assert r.bits_per_byte < 2.0
     card = json.loads((MODEL / "train_log.json").read_text())
     assert card["heldout_bits_per_byte"] <= 2.0
     # a prefix is not the whole file, but the two should be close for a model that generalises
-    assert abs(r.bits_per_byte - card["heldout_bits_per_byte"]) < 0.25
+    assert abs(r.bits_per_byte - card["heldout_bits_per_byte"]) < 0.3
 
 
 @pytest.mark.slow

@@ -14,9 +14,8 @@ devices import at their module level, never load on a machine that does not ask 
 Adding a device
 ---------------
 Write ``host/devices/<name>.py`` with a :class:`~host.devices.base.Device` subclass whose ``name`` is
-``<name>``, then move its line from :data:`PLANNED_DEVICES` into :data:`DEVICES`. When the golden ISS
-becomes the bit-exact default, change :data:`DEFAULT_DEVICE` to ``"golden"``: the CLI and every other
-default follow it.
+``<name>``, then move its line from :data:`PLANNED_DEVICES` into :data:`DEVICES`. The default device
+is the golden ISS (:data:`DEFAULT_DEVICE`): the CLI and every other default follow it.
 """
 
 from __future__ import annotations
@@ -63,10 +62,11 @@ class DeviceEntry:
 
 #: Registered devices, by name. Never import a device module here: see the module docstring.
 DEVICES: dict[str, DeviceEntry] = {
+    "golden": DeviceEntry("host.devices.golden", "GoldenDevice",
+                          "integer ISS of the accelerator (host.devices.golden): the bit-exact oracle"),
     "reference": DeviceEntry("host.devices.reference", "ReferenceDevice",
                              "float numpy model (host.reference): the accuracy yardstick"),
     # Planned; move each here from PLANNED_DEVICES when its module exists:
-    # "golden": DeviceEntry("host.devices.golden", "GoldenDevice", "integer numpy ISS: the bit-exact oracle"),
     # "rtl":    DeviceEntry("host.devices.rtl", "RtlDevice", "Verilated hw/ top: same bits, cycle counts"),
     # "pynq":   DeviceEntry("host.devices.pynq", "PynqDevice", "Zynq board through pynq (Overlay, AxiDMA)"),
     # "xrt":    DeviceEntry("host.devices.xrt", "XrtDevice", "Alveo card through pyxrt (kernel, bo)"),
@@ -74,14 +74,13 @@ DEVICES: dict[str, DeviceEntry] = {
 
 #: Devices the design names but that are not written yet: opening one gives a clear DeviceError.
 PLANNED_DEVICES: dict[str, str] = {
-    "golden": "integer numpy ISS of the accelerator: the bit-exact oracle",
     "rtl": "Verilated hw/ top: the same bits as golden, with cycle counts",
     "pynq": "Zynq / Zynq US+ board through pynq (Overlay, AxiDMA, MMIO)",
     "xrt": "Alveo card through pyxrt (kernel, buffer objects)",
 }
 
 #: Device used when none is named (the CLI's ``--device`` default). Becomes "golden" once it exists.
-DEFAULT_DEVICE = "reference"
+DEFAULT_DEVICE = "golden"
 
 
 def _known() -> str:

@@ -1,0 +1,469 @@
+"""The golden device: an instruction-set simulator that executes model images exactly as the hardware.
+
+:func:`run_token` is a pure function of (image, token packet, recurrent state) returning (output packet,
+new state, counters): the oracle of every hardware test (DESIGN.md section 2). All arithmetic is the
+integer arithmetic of :mod:`hw.numerics`; the ternary GEMV runs directly on the image's packed bytes
+(a numba kernel that decodes trits as the hardware's gearbox does), so the device holds the image and
+nothing bigger. The recurrent state is committed only by END_TOKEN: a token that fails leaves it as it
+was.
+
+Counters are those of :class:`hw.isa.Counter`, predicted by the cycle model of :mod:`host.perf` for the
+device's :class:`~host.perf.BuildParams` (activity counts are exact; cycles are the model's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from host.devices.base import Device
+from host.image import ImageError, ParsedImage, channel_rows, parse_image
+from host.model import ModelWeights
+from host.perf import BuildParams, instruction_counters
+from hw import isa
+from hw import numerics as nx
+from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputHeader, TokenHeader
+
+__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "parse_output_packet",
+           "OutputPacket"]
+
+M = MicroOpcode
+_BASE3 = isa.BASE3_DECODE.astype(np.int32)
+_BITS2 = np.stack([isa.BITS2_DECODE[(np.arange(256) >> s) & 3] for s in (0, 2, 4, 6)], axis=1).astype(np.int32)
+
+
+def _gemv_kernels():
+    import numba
+
+    @numba.njit(cache=True, nogil=True, parallel=True)
+    def gemv_packed(block, n_rows, k, codes, lut, per_byte, out, out_start, out_step):
+        """acc[r] = sum_j trit(r, j) * codes[j] for rows packed continuously, `per_byte` trits a byte."""
+        for r in numba.prange(n_rows):
+            pos = r * k
+            byte = pos // per_byte
+            d = pos - byte * per_byte
+            acc = 0
+            j = 0
+            while d != 0 and j < k:
+                acc += lut[block[byte], d] * codes[j]
+                j += 1
+                d += 1
+                if d == per_byte:
+                    d = 0
+                    byte += 1
+            if per_byte == 5:
+                while j + 5 <= k:
+                    b = block[byte]
+                    acc += (lut[b, 0] * codes[j] + lut[b, 1] * codes[j + 1] + lut[b, 2] * codes[j + 2]
+                            + lut[b, 3] * codes[j + 3] + lut[b, 4] * codes[j + 4])
+                    j += 5
+                    byte += 1
+            else:
+                while j + 4 <= k:
+                    b = block[byte]
+                    acc += (lut[b, 0] * codes[j] + lut[b, 1] * codes[j + 1] + lut[b, 2] * codes[j + 2]
+                            + lut[b, 3] * codes[j + 3])
+                    j += 4
+                    byte += 1
+            d = 0
+            while j < k:
+                acc += lut[block[byte], d] * codes[j]
+                j += 1
+                d += 1
+            out[out_start + r * out_step] = acc
+
+    @numba.njit(cache=True, nogil=True)
+    def count_nonzero(block, n_trits, lut, per_byte):
+        nz = 0
+        for t in range(n_trits):
+            b = t // per_byte
+            if lut[block[b], t - b * per_byte] != 0:
+                nz += 1
+        return nz
+
+    return gemv_packed, count_nonzero
+
+
+_KERNELS: tuple | None = None
+
+
+def _kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _gemv_kernels()
+    return _KERNELS
+
+
+# ------------------------------------------------------------------------------------------ packets
+def make_token_packet(x: np.ndarray, *, position: int = 0, logits: bool = True) -> bytes:
+    """Token packet: header, the embedding in the residual format (int32 words), CRC.
+
+    Parameters
+    ----------
+    x : ndarray, shape [H], integer (already in the residual format, see :func:`hw.numerics.to_fixed`)
+    """
+    words = np.asarray(x, dtype=np.int64)
+    if words.size and (words.min() < nx.INT32_MIN or words.max() > nx.INT32_MAX):
+        raise ValueError("token packet values must fit int32")
+    head = isa.pack(TokenHeader, {"magic": isa.TOKEN_MAGIC, "position": position & 0xFFFFFFFF,
+                                  "flags": int(bool(logits)), "length": words.size})
+    body = words.astype("<i4").tobytes()
+    return head + body + isa.crc32_words(head, body).to_bytes(4, "little")
+
+
+@dataclass(frozen=True)
+class OutputPacket:
+    """A decoded output packet."""
+
+    position: int
+    argmax: int
+    max_acc: int
+    scale_mant: int
+    scale_shift: int
+    logits_acc: np.ndarray   #: int64 [V] raw accumulators (empty when not requested)
+
+    def logits(self) -> np.ndarray:
+        """Dequantized logits, float32 [V]: ``acc * scale_mant * 2**-scale_shift``."""
+        return (self.logits_acc.astype(np.float64) * self.scale_mant * 2.0 ** -self.scale_shift).astype(np.float32)
+
+
+def parse_output_packet(raw: bytes) -> OutputPacket:
+    """Decode and check an output packet.
+
+    Raises
+    ------
+    ValueError
+        Bad magic, length or CRC.
+    """
+    hb = isa.layout_bytes(OutputHeader)
+    if len(raw) < hb + 4:
+        raise ValueError(f"output packet of {len(raw)} bytes is too short")
+    h = isa.unpack(OutputHeader, raw)
+    if h.magic != isa.OUTPUT_MAGIC:
+        raise ValueError(f"output packet magic 0x{h.magic:08x}")
+    n = h.n_logits
+    if len(raw) != hb + 4 * n + 4:
+        raise ValueError(f"output packet of {len(raw)} bytes, header announces {n} logits")
+    crc = isa.crc32_words(raw[:-4])
+    if crc != int.from_bytes(raw[-4:], "little"):
+        raise ValueError("output packet CRC mismatch")
+    acc = np.frombuffer(raw[hb:hb + 4 * n], dtype="<i4").astype(np.int64)
+    return OutputPacket(h.position, h.argmax, h.max_acc, h.scale_mant, h.scale_shift, acc)
+
+
+# ------------------------------------------------------------------------------------------ machine
+@dataclass
+class TokenResult:
+    """Everything one token produced."""
+
+    output: bytes                      #: the output packet
+    state: np.ndarray                  #: new recurrent state, int64 [L, H] (STATE_FRAC)
+    counters: dict[Counter, int]       #: whole-token counters
+    per_instruction: list[dict[Counter, int]] = field(default_factory=list)
+    trace: dict[str, list[np.ndarray]] | None = None
+
+
+class GoldenMachine:
+    """A parsed image ready to run tokens.
+
+    Parameters
+    ----------
+    image : bytes
+        A model image (:func:`host.compiler.compile_model`). Parsed and validated here.
+    build : BuildParams
+        The accelerator instance whose counters are predicted.
+
+    Raises
+    ------
+    host.image.ImageError
+        On a bad image.
+    """
+
+    def __init__(self, image: bytes | ParsedImage, build: BuildParams | None = None):
+        self.image = image if isinstance(image, ParsedImage) else parse_image(image)
+        self.info = self.image.info
+        self.build = build or BuildParams(channels=self.info.channels)
+        if self.build.channels != self.info.channels:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"image compiled for {self.info.channels} channel(s), the "
+                             f"build has {self.build.channels}")
+        self.table = nx.sigmoid_table(self.info.lut_segments_log2, self.info.gate_frac)
+        packed = self.info.packing is isa.TritPacking.BASE3
+        self._lut, self._per_byte = (_BASE3, 5) if packed else (_BITS2, 4)
+        self._counters = [instruction_counters(ins, self.info, self.build) for ins in self.image.instructions]
+        self._totals = {k: sum(c[k] for c in self._counters) for k in Counter}
+        self._nonzero: list[int] | None = None
+        self._cap = {Buffer.X: self.info.hidden, Buffer.A: max(self.info.hidden, self.info.intermediate),
+                     Buffer.P: max(self.info.hidden, self.info.intermediate), Buffer.STATE_OLD: self.info.hidden,
+                     Buffer.STATE_NEW: self.info.hidden, Buffer.TOKEN: self.info.hidden}
+
+    @property
+    def image_bytes(self) -> int:
+        return self.info.image_bytes
+
+    def init_state(self) -> np.ndarray:
+        """Zero recurrent state, int64 [L, H]."""
+        return np.zeros((self.info.n_layers, self.info.hidden), dtype=np.int64)
+
+    def nonzero_trits(self) -> list[int]:
+        """Non-zero trits per instruction (computed once, on first use)."""
+        if self._nonzero is None:
+            _, count = _kernels()
+            out = []
+            for ins in self.image.instructions:
+                nz = 0
+                for c, blk in enumerate(ins.blocks):
+                    nz += int(count(blk, channel_rows(ins.n, self.info.channels, c) * ins.k, self._lut,
+                                    self._per_byte))
+                out.append(nz)
+            self._nonzero = out
+        return self._nonzero
+
+    # ------------------------------------------------------------------------------------- run
+    def run_token(self, packet: bytes, state: np.ndarray, *, trace: bool = False) -> TokenResult:
+        """Execute the image on one token packet.
+
+        Parameters
+        ----------
+        packet : bytes
+            Token packet (:func:`make_token_packet`).
+        state : ndarray, int64 [L, H]
+            Committed recurrent state (not modified).
+        trace : bool
+            Keep every instruction's dequantized outputs (``r0`` before the program runs) by name index.
+
+        Raises
+        ------
+        host.image.ImageError
+            TOKEN_MAGIC, TOKEN_LENGTH, TOKEN_CRC, or an error met while executing (BAD_SHAPE).
+        """
+        info = self.info
+        token, flags, position = self._parse_token(packet)
+        state = np.asarray(state, dtype=np.int64)
+        if state.shape != (info.n_layers, info.hidden):
+            raise ValueError(f"state must have shape {(info.n_layers, info.hidden)}, got {state.shape}")
+        vmax = max(info.hidden, info.intermediate)
+        bufs = {Buffer.X: np.zeros(info.hidden, np.int64), Buffer.A: np.zeros(vmax, np.int64),
+                Buffer.P: np.zeros(vmax, np.int64), Buffer.TOKEN: token}
+        new_state = state.copy()
+        regs = [0] * 8
+        codes = np.zeros(0, np.int32)
+        scale = (0, 0)
+        argmax, max_acc, logits = 0, 0, []
+        out_scale = (0, 0)
+        tr: dict[str, list[np.ndarray]] | None = {"r0": []} if trace else None
+        gemv, _ = _kernels()
+        for idx, ins in enumerate(self.image.instructions):
+            where = {"instruction": idx, "offset": ins.offset}
+            if ins.opcode is Opcode.END_TOKEN:
+                break
+            if ins.opcode is Opcode.GEMV:
+                if InstrFlags.REUSE_CODES not in ins.flags or codes.size != ins.k:
+                    if InstrFlags.REUSE_CODES in ins.flags:
+                        raise ImageError(ErrorCause.BAD_SHAPE, "REUSE_CODES without codes of this length", **where)
+                    src = bufs[ins.src][: ins.k]
+                    if ins.k > self._cap[ins.src]:
+                        raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV reads {ins.k} elements of {ins.src.name}",
+                                         **where)
+                    w = nx.mul(src, ins.qconst, ins.q_shift) if ins.qconst is not None else src
+                    a = regs[ins.amax_reg]
+                    codes = nx.quantize(w, *nx.quant_recip(a)).astype(np.int32)
+                    scale = nx.dequant_scale(regs[ins.ssq_reg], a, ins.cb_mant, ins.cb_shift, ins.out_frac)
+                acc = np.empty(ins.n, np.int64)
+                for c, blk in enumerate(ins.blocks):
+                    gemv(blk, channel_rows(ins.n, info.channels, c), ins.k, codes, self._lut, self._per_byte,
+                         acc, c, info.channels)
+                r = [nx.dequant(acc, *scale), acc, None, None]
+                if InstrFlags.LOGITS in ins.flags:
+                    out_scale = (scale[0], scale[1] + ins.out_frac)
+            else:  # LOAD_TOKEN
+                r = [token, token, None, None]
+            if tr is not None:
+                tr["r0"].append(r[0].copy())
+            argmax, max_acc = self._epilogue(ins, r, bufs, state, new_state, regs, logits, (argmax, max_acc),
+                                             where)
+        else:
+            raise ImageError(ErrorCause.NO_END, "the program ran off its end")
+        want_logits = bool(flags & 1)
+        acc_out = np.concatenate(logits) if (logits and want_logits) else np.zeros(0, np.int64)
+        head = isa.pack(OutputHeader, {"magic": isa.OUTPUT_MAGIC, "position": position, "argmax": argmax,
+                                       "max_acc": int(np.clip(max_acc, nx.INT32_MIN, nx.INT32_MAX)),
+                                       "scale_mant": out_scale[0], "scale_shift": out_scale[1],
+                                       "n_logits": acc_out.size, "status": 0})
+        body = nx.sat32(acc_out).astype("<i4").tobytes()
+        output = head + body + isa.crc32_words(head, body).to_bytes(4, "little")
+        total = dict(self._totals)
+        total[Counter.NONZERO_TRITS] = sum(self.nonzero_trits()) if self._nonzero is not None else 0
+        return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
+                           trace=tr)
+
+    def _parse_token(self, packet: bytes) -> tuple[np.ndarray, int, int]:
+        hb = isa.layout_bytes(TokenHeader)
+        if len(packet) < hb + 4:
+            raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {len(packet)} bytes")
+        h = isa.unpack(TokenHeader, packet)
+        if h.magic != isa.TOKEN_MAGIC:
+            raise ImageError(ErrorCause.TOKEN_MAGIC, f"token packet magic 0x{h.magic:08x}")
+        if h.length != self.info.hidden or len(packet) != hb + 4 * h.length + 4:
+            raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {h.length} words ({len(packet)} bytes), "
+                             f"the image's hidden size is {self.info.hidden}")
+        if isa.crc32_words(packet[:-4]) != int.from_bytes(packet[-4:], "little"):
+            raise ImageError(ErrorCause.TOKEN_CRC, "token packet CRC mismatch")
+        x = np.frombuffer(packet[hb:-4], dtype="<i4").astype(np.int64)
+        return x, h.flags, h.position
+
+    def _epilogue(self, ins, r, bufs, state, new_state, regs, logits, best, where) -> tuple[int, int]:
+        n = ins.n
+        layer = ins.layer
+        cleared = set()
+        argmax, max_acc = best
+
+        def read(buf: Buffer) -> np.ndarray:
+            if buf is Buffer.STATE_OLD:
+                v = state[layer]
+            elif buf is Buffer.STATE_NEW:
+                v = new_state[layer]
+            elif Buffer.C0.value <= buf.value <= Buffer.C3.value:
+                return ins.consts[buf.value - Buffer.C0.value]
+            elif buf in bufs:
+                v = bufs[buf]
+            else:
+                raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op reads buffer {buf.name}", **where)
+            if n > v.size:
+                raise ImageError(ErrorCause.BAD_SHAPE, f"{n} elements of {buf.name} ({v.size})", **where)
+            return v[:n]
+
+        for op in ins.ops:
+            o = op.op
+            a = r[op.a]
+            if o is M.NOP:
+                continue
+            if o is M.LD:
+                r[op.dst] = read(op.buf)
+            elif o is M.ST:
+                if op.buf is Buffer.STATE_NEW:
+                    tgt = new_state[layer]
+                elif op.buf in (Buffer.X, Buffer.A, Buffer.P):
+                    tgt = bufs[op.buf]
+                else:
+                    raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op writes read-only {op.buf.name}", **where)
+                if n > tgt.size:
+                    raise ImageError(ErrorCause.BAD_SHAPE, f"{n} elements into {op.buf.name} ({tgt.size})",
+                                     **where)
+                tgt[:n] = a
+            elif o is M.ADD:
+                r[op.dst] = nx.sat32(a + r[op.b])
+            elif o is M.SUB:
+                r[op.dst] = nx.sat32(a - r[op.b])
+            elif o is M.MUL:
+                r[op.dst] = nx.mul(a, r[op.b], op.shift)
+            elif o is M.MULV:
+                r[op.dst] = nx.mul(a, read(op.buf), op.shift)
+            elif o is M.ADDV:
+                r[op.dst] = nx.sat32(a + read(op.buf))
+            elif o is M.SIG:
+                r[op.dst] = nx.sigmoid(a, op.shift, self.table, self.info.lut_segments_log2)
+            elif o is M.SIGNEG:
+                r[op.dst] = nx.sigmoid(nx.sat32(-a), op.shift, self.table, self.info.lut_segments_log2)
+            elif o is M.SILU:
+                r[op.dst] = nx.silu(a, op.shift, self.table, self.info.lut_segments_log2, self.info.gate_frac)
+            elif o is M.RSUB1:
+                r[op.dst] = nx.sat32((1 << op.shift) - a)
+            elif o in (M.SSQ, M.AMAX):
+                w = a if op.buf is Buffer.NONE else nx.mul(a, read(op.buf), op.shift)
+                if op.reg not in cleared:
+                    regs[op.reg] = 0
+                    cleared.add(op.reg)
+                if o is M.SSQ:
+                    regs[op.reg] = nx.ssq_accumulate(regs[op.reg], w)
+                else:
+                    regs[op.reg] = max(regs[op.reg], int(np.max(np.abs(w))) if n else 0)
+            elif o is M.ARGMAX:
+                i = int(np.argmax(a))
+                argmax, max_acc = i, int(a[i])
+            elif o is M.OUT:
+                logits.append(np.array(a, copy=True))
+        return argmax, max_acc
+
+
+# ------------------------------------------------------------------------------------------- device
+class GoldenDevice(Device):
+    """The bit-exact golden device behind the :class:`~host.devices.base.Device` interface.
+
+    Parameters
+    ----------
+    packing : str or TritPacking
+        ``"base3"`` (default) or ``"bits2"``.
+    channels, lanes, bus_bits, quant_lanes, fmax_mhz
+        Build parameters whose counters are predicted (:class:`host.perf.BuildParams`).
+    output_gate : {"released", "paper"}
+    """
+
+    name = "golden"
+
+    def __init__(self, *, packing: str | isa.TritPacking = "base3", channels: int = 1, lanes: int = 64,
+                 bus_bits: int = 64, quant_lanes: int = 8, fmax_mhz: float = 100.0,
+                 output_gate: str = "released") -> None:
+        super().__init__()
+        if isinstance(packing, str):
+            try:
+                packing = isa.TritPacking[packing.upper()]
+            except KeyError:
+                raise ValueError(f"packing must be 'base3' or 'bits2', got {packing!r}") from None
+        from host.compiler import CompileOptions
+
+        self.options = CompileOptions(packing=packing, channels=channels, output_gate=output_gate)
+        self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
+                                 fmax_mhz=fmax_mhz)
+        self.machine: GoldenMachine | None = None
+        self._state: np.ndarray | None = None
+        self._emb: np.ndarray | None = None
+        self.last: TokenResult | None = None
+
+    def _load(self, weights: ModelWeights) -> None:
+        from host.compiler import compile_model
+
+        image = compile_model(weights, self.options)
+        self.machine = GoldenMachine(image, self.build)
+        self._emb = weights.embeddings
+        self._frac = self.machine.info.residual_frac
+        self._reset()
+
+    def load_image(self, image: bytes, embeddings: np.ndarray) -> None:
+        """Run a precompiled image (embeddings: [V, H] float32, looked up by the host)."""
+        self.machine = GoldenMachine(image, self.build)
+        self._emb = np.asarray(embeddings, dtype=np.float32)
+        self._frac = self.machine.info.residual_frac
+        self._reset()
+
+    def _reset(self) -> None:
+        self._state = self.machine.init_state()
+
+    def token_packet(self, token_id: int, position: int = 0, logits: bool = True) -> bytes:
+        """The host's embedding lookup for one token, as the accelerator receives it."""
+        return make_token_packet(nx.to_fixed(self._emb[token_id], self._frac), position=position, logits=logits)
+
+    def _step(self, token_id: int) -> np.ndarray:
+        res = self.machine.run_token(self.token_packet(token_id, self.position), self._state)
+        self._state = res.state
+        self.last = res
+        for k, v in res.counters.items():
+            key = f"hw_{k.name.lower()}"
+            self._counters[key] = self._counters.get(key, 0) + int(v)
+        return parse_output_packet(res.output).logits()
+
+    def _save_state(self) -> Any:
+        return self._state.copy()
+
+    def _restore_state(self, payload: Any) -> None:
+        self._state = np.array(payload, dtype=np.int64, copy=True)
+
+    def run_sequence(self, token_ids: Sequence[int]) -> list[TokenResult]:
+        """Run tokens from the current state, keeping every :class:`TokenResult` (tests, benchmarks)."""
+        out = []
+        for t in token_ids:
+            self.step(int(t))
+            out.append(self.last)
+        return out

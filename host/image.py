@@ -1,0 +1,458 @@
+"""Model images as bytes: assemble a program, parse and validate an image, disassemble it.
+
+The byte format is defined by :mod:`hw.isa` (header, instruction headers, micro-ops, packings, CRCs);
+this module only lays instructions out and reads them back. A parsed image keeps the packed weights as
+views into the image's own buffer, so a device holding a parsed image holds the image once
+(the golden device's resident weights are the image).
+
+Weight section of a GEMV: ``channels`` blocks, block ``c`` holding rows ``c, c + channels, ...`` packed
+continuously across rows (:func:`hw.isa.pack_trits`), each block padded with zero bytes to a whole
+number of 32-bit words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hw import isa
+from hw.isa import (
+    Buffer,
+    ErrorCause,
+    ImageHeader,
+    InstrFlags,
+    InstrHeader,
+    MicroOp,
+    MicroOpcode,
+    Opcode,
+    TritPacking,
+)
+from hw.numerics import INT32_MAX, INT32_MIN, LUT_RANGE_LOG2
+
+__all__ = [
+    "ImageError", "Instruction", "MicroOpSpec", "ImageInfo", "ParsedImage",
+    "assemble", "parse_image", "disassemble", "channel_block_bytes", "channel_rows",
+]
+
+HEADER_BYTES = isa.layout_bytes(ImageHeader)
+INSTR_BYTES = isa.layout_bytes(InstrHeader)
+
+
+class ImageError(ValueError):
+    """A bad model image: says what (:class:`hw.isa.ErrorCause`) and where (byte offset, instruction).
+
+    Attributes
+    ----------
+    cause : ErrorCause
+    offset : int or None
+        Byte offset in the image.
+    instruction : int or None
+        Index of the instruction.
+    """
+
+    def __init__(self, cause: ErrorCause, message: str, *, offset: int | None = None,
+                 instruction: int | None = None):
+        where = []
+        if instruction is not None:
+            where.append(f"instruction {instruction}")
+        if offset is not None:
+            where.append(f"byte {offset}")
+        super().__init__(f"{cause.name}: {message}" + (f" (at {', '.join(where)})" if where else ""))
+        self.cause = cause
+        self.offset = offset
+        self.instruction = instruction
+
+
+@dataclass(frozen=True)
+class MicroOpSpec:
+    """One epilogue micro-op (fields of :class:`hw.isa.MicroOp`)."""
+
+    op: MicroOpcode
+    dst: int = 0
+    a: int = 0
+    b: int = 0
+    buf: Buffer = Buffer.NONE
+    shift: int = 0
+    reg: int = 0
+
+    def fields(self) -> dict:
+        return {"op": self.op, "dst": self.dst, "a": self.a, "b": self.b, "buf": self.buf,
+                "shift": self.shift, "reg": self.reg}
+
+    def __str__(self) -> str:
+        o = self.op
+        r = "r{}".format
+        if o is MicroOpcode.LD:
+            return f"LD     {r(self.dst)}, {self.buf.name}"
+        if o is MicroOpcode.ST:
+            return f"ST     {self.buf.name}, {r(self.a)}"
+        if o in (MicroOpcode.ADD, MicroOpcode.SUB):
+            return f"{o.name:<6} {r(self.dst)}, {r(self.a)}, {r(self.b)}"
+        if o is MicroOpcode.MUL:
+            return f"MUL    {r(self.dst)}, {r(self.a)}, {r(self.b)} >> {self.shift}"
+        if o is MicroOpcode.MULV:
+            return f"MULV   {r(self.dst)}, {r(self.a)}, {self.buf.name} >> {self.shift}"
+        if o is MicroOpcode.ADDV:
+            return f"ADDV   {r(self.dst)}, {r(self.a)}, {self.buf.name}"
+        if o in (MicroOpcode.SIG, MicroOpcode.SIGNEG, MicroOpcode.SILU):
+            return f"{o.name:<6} {r(self.dst)}, {r(self.a)} (Q.{self.shift})"
+        if o is MicroOpcode.RSUB1:
+            return f"RSUB1  {r(self.dst)}, {r(self.a)} (1 = 2^{self.shift})"
+        if o in (MicroOpcode.SSQ, MicroOpcode.AMAX):
+            w = r(self.a) if self.buf is Buffer.NONE else f"{r(self.a)} * {self.buf.name} >> {self.shift}"
+            return f"{o.name:<6} R{self.reg}, {w}"
+        if o in (MicroOpcode.ARGMAX, MicroOpcode.OUT):
+            return f"{o.name:<6} {r(self.a)}"
+        return o.name
+
+
+@dataclass
+class Instruction:
+    """One instruction before assembly (or after parsing).
+
+    Attributes
+    ----------
+    opcode : Opcode
+    name : str
+        What it computes (e.g. ``"layers.3.attn.f_proj"``); not stored in the image.
+    trits : ndarray [n, k] int8 or None
+        GEMV weights (assemble); after parsing, ``blocks`` holds the packed channel blocks instead.
+    qconst : ndarray [k] int64 or None
+        Quantize-prologue constant (``QCONST``).
+    consts : list of ndarray [n] int64
+        C0.. constant vectors.
+    """
+
+    opcode: Opcode
+    name: str = ""
+    flags: InstrFlags = InstrFlags(0)
+    layer: int = 0
+    n: int = 0
+    k: int = 0
+    src: Buffer = Buffer.X
+    q_shift: int = 0
+    amax_reg: int = 0
+    ssq_reg: int = 0
+    cb_mant: int = 0
+    cb_shift: int = 0
+    out_frac: int = 0
+    ops: list[MicroOpSpec] = field(default_factory=list)
+    qconst: np.ndarray | None = None
+    consts: list[np.ndarray] = field(default_factory=list)
+    trits: np.ndarray | None = None
+    blocks: list[np.ndarray] = field(default_factory=list)
+    offset: int = 0          #: byte offset of the header in the image (parsed images)
+    weight_offset: int = 0   #: byte offset of the weight section (parsed images)
+
+    def header_fields(self, weight_bytes: int, const_crc: int) -> dict:
+        return {
+            "opcode": self.opcode, "flags": self.flags, "layer": self.layer, "n_ops": len(self.ops),
+            "n": self.n, "k": self.k, "src": self.src, "q_shift": self.q_shift,
+            "amax_reg": self.amax_reg, "ssq_reg": self.ssq_reg, "n_consts": len(self.consts),
+            "out_frac": self.out_frac,
+            "cb_mant": self.cb_mant, "cb_shift": self.cb_shift, "weight_bytes": weight_bytes,
+            "const_crc": const_crc,
+            "ops": [op.fields() for op in self.ops] + [{}] * (isa.MAX_OPS - len(self.ops)),
+        }
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """Decoded image header."""
+
+    packing: TritPacking
+    channels: int
+    n_layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    n_instructions: int
+    image_bytes: int
+    residual_frac: int
+    state_frac: int
+    gate_frac: int
+    lut_segments_log2: int
+
+
+@dataclass
+class ParsedImage:
+    """A validated image: header info and instructions (weights as views of ``raw``)."""
+
+    info: ImageInfo
+    instructions: list[Instruction]
+    raw: memoryview
+
+
+def channel_rows(n: int, channels: int, c: int) -> int:
+    """Rows of an n-row GEMV that channel ``c`` carries (rows c, c + channels, ...)."""
+    return len(range(c, n, channels))
+
+
+def channel_block_bytes(n: int, k: int, channels: int, packing: TritPacking) -> list[int]:
+    """Bytes of each channel's weight block (packed continuously, padded to whole words)."""
+    out = []
+    for c in range(channels):
+        b = isa.packed_trit_bytes(channel_rows(n, channels, c) * k, packing)
+        out.append(b + (-b) % 4)
+    return out
+
+
+def _const_bytes(ins: Instruction) -> bytes:
+    parts = ([ins.qconst] if ins.qconst is not None else []) + list(ins.consts)
+    if not parts:
+        return b""
+    v = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+    if v.size and (v.min() < INT32_MIN or v.max() > INT32_MAX):
+        raise ValueError(f"{ins.name}: a constant does not fit int32")
+    return v.astype("<i4").tobytes()
+
+
+def assemble(instructions: Sequence[Instruction], *, packing: TritPacking, channels: int, n_layers: int,
+             hidden: int, intermediate: int, vocab: int, residual_frac: int, state_frac: int,
+             gate_frac: int, lut_segments_log2: int) -> bytes:
+    """Lay out a program as image bytes (deterministic: same instructions, same bytes).
+
+    Raises
+    ------
+    ValueError
+        On a field out of range (from Amaranth's packing), a constant outside int32, or a GEMV whose
+        trits do not have shape [n, k].
+    """
+    packing = TritPacking(packing)
+    body = bytearray()
+    for ins in instructions:
+        consts = _const_bytes(ins)
+        weights = b""
+        if ins.opcode is Opcode.GEMV:
+            t = np.asarray(ins.trits)
+            if t.shape != (ins.n, ins.k):
+                raise ValueError(f"{ins.name}: trits have shape {t.shape}, expected {(ins.n, ins.k)}")
+            blocks = []
+            for c in range(channels):
+                b = isa.pack_trits(t[c::channels], packing)
+                blocks.append(b + bytes((-len(b)) % 4))
+            weights = b"".join(blocks)
+        fields = ins.header_fields(len(weights), isa.crc32_words(consts) if consts else 0)
+        head = isa.pack(InstrHeader, fields)
+        head = head[:-4] + isa.crc32_words(head[:-4]).to_bytes(4, "little")
+        body += head + consts + weights
+    total = HEADER_BYTES + len(body)
+    header = isa.pack(ImageHeader, {
+        "magic": isa.IMAGE_MAGIC, "version": isa.ISA_VERSION, "header_words": HEADER_BYTES // 4,
+        "packing": packing, "channels": channels, "n_layers": n_layers, "hidden": hidden,
+        "intermediate": intermediate, "vocab": vocab, "n_instructions": len(instructions),
+        "image_words": total // 4, "residual_frac": residual_frac, "state_frac": state_frac,
+        "gate_frac": gate_frac, "lut_segments_log2": lut_segments_log2,
+    })
+    header = header[:-4] + isa.crc32_words(header[:-4]).to_bytes(4, "little")
+    return bytes(header) + bytes(body)
+
+
+def _enum(cls, value, cause: ErrorCause, what: str, **where):
+    try:
+        return cls(value)
+    except ValueError:
+        raise ImageError(cause, f"unknown {what} {value}", **where) from None
+
+
+def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True) -> ParsedImage:
+    """Validate and decode an image (what the hardware checks while streaming it, all up front).
+
+    Checks magic, version, header CRC, every instruction header CRC and constant CRC, opcodes and
+    micro-ops, shapes against :mod:`hw.isa`'s limits and the header's dimensions, truncation, the final
+    END_TOKEN, and (``check_trits``) that every packed byte is a valid trit code.
+
+    Raises
+    ------
+    ImageError
+        Naming the :class:`~hw.isa.ErrorCause`, the byte offset and the instruction.
+    """
+    mv = memoryview(bytes(raw)) if not isinstance(raw, memoryview) else raw
+    size = len(mv)
+    if size < HEADER_BYTES:
+        raise ImageError(ErrorCause.TRUNCATED, f"image of {size} bytes is shorter than its {HEADER_BYTES}-byte "
+                         "header", offset=size)
+    h = isa.unpack(ImageHeader, mv[:HEADER_BYTES])
+    if h.magic != isa.IMAGE_MAGIC:
+        raise ImageError(ErrorCause.BAD_MAGIC, f"image magic 0x{h.magic:08x}, expected 0x{isa.IMAGE_MAGIC:08x} "
+                         "('MMFI'): not a model image", offset=0)
+    if h.version != isa.ISA_VERSION:
+        raise ImageError(ErrorCause.BAD_VERSION, f"image ISA version {h.version}, this build runs version "
+                         f"{isa.ISA_VERSION}: recompile the model", offset=4)
+    crc = isa.crc32_words(mv[:HEADER_BYTES - 4])
+    if crc != h.crc:
+        raise ImageError(ErrorCause.HEADER_CRC, f"image header CRC 0x{h.crc:08x}, computed 0x{crc:08x}",
+                         offset=HEADER_BYTES - 4)
+    packing = _enum(TritPacking, _raw_field(mv[:HEADER_BYTES], 64, 8), ErrorCause.BAD_SHAPE, "trit packing",
+                    offset=8)
+    info = ImageInfo(packing=packing, channels=h.channels, n_layers=h.n_layers, hidden=h.hidden,
+                     intermediate=h.intermediate, vocab=h.vocab, n_instructions=h.n_instructions,
+                     image_bytes=4 * h.image_words, residual_frac=h.residual_frac, state_frac=h.state_frac,
+                     gate_frac=h.gate_frac, lut_segments_log2=h.lut_segments_log2)
+    if not (1 <= info.channels <= 16):
+        raise ImageError(ErrorCause.BAD_SHAPE, f"{info.channels} weight channels (1-16 supported)", offset=9)
+    limits = (("hidden", info.hidden, isa.MAX_HIDDEN), ("intermediate", info.intermediate, isa.MAX_INTERMEDIATE),
+              ("n_layers", info.n_layers, isa.MAX_LAYERS), ("vocab", info.vocab, isa.MAX_VOCAB))
+    for name, v, lim in limits:
+        if not 1 <= v <= lim:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"{name} {v} outside 1..{lim}", offset=0)
+    if info.image_bytes != size:
+        cause = ErrorCause.TRUNCATED if size < info.image_bytes else ErrorCause.BAD_SHAPE
+        raise ImageError(cause, f"header says {info.image_bytes} bytes, image has {size}", offset=size)
+
+    instructions = []
+    pos = HEADER_BYTES
+    for idx in range(info.n_instructions):
+        if pos + INSTR_BYTES > size:
+            raise ImageError(ErrorCause.TRUNCATED, "the image ends inside an instruction header", offset=pos,
+                             instruction=idx)
+        head = mv[pos:pos + INSTR_BYTES]
+        ih = isa.unpack(InstrHeader, head)
+        crc = isa.crc32_words(head[:-4])
+        if crc != ih.crc:
+            raise ImageError(ErrorCause.INSTR_CRC, f"instruction header CRC 0x{ih.crc:08x}, computed 0x{crc:08x}",
+                             offset=pos + INSTR_BYTES - 4, instruction=idx)
+        where = {"offset": pos, "instruction": idx}
+        opcode = _enum(Opcode, _raw_field(head, 0, 8), ErrorCause.UNKNOWN_OPCODE, "opcode", **where)
+        ins = Instruction(opcode=opcode, flags=InstrFlags(_raw_field(head, 8, 8)), layer=ih.layer, n=ih.n,
+                          k=ih.k, q_shift=ih.q_shift, amax_reg=ih.amax_reg, ssq_reg=ih.ssq_reg,
+                          cb_mant=ih.cb_mant, cb_shift=ih.cb_shift, out_frac=ih.out_frac, offset=pos)
+        ins.src = _enum(Buffer, _raw_field(head, 64, 4), ErrorCause.BAD_MICROOP, "source buffer", **where)
+        n_ops = ih.n_ops
+        if n_ops > isa.MAX_OPS:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"{n_ops} micro-ops (at most {isa.MAX_OPS})", **where)
+        ins.ops = [_decode_op(head, j, where) for j in range(n_ops)]
+        pos += INSTR_BYTES
+        n_consts = ih.n_consts
+        if n_consts > isa.MAX_CONSTS:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"{n_consts} constant vectors (at most {isa.MAX_CONSTS})",
+                             **where)
+        _check_shape(ins, info, n_consts, where)
+        q_len = ins.k if InstrFlags.QCONST in ins.flags else 0
+        const_words = q_len + n_consts * ins.n
+        if pos + 4 * const_words > size:
+            raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the constants", offset=pos,
+                             instruction=idx)
+        cbytes = mv[pos:pos + 4 * const_words]
+        if const_words:
+            crc = isa.crc32_words(cbytes)
+            if crc != ih.const_crc:
+                raise ImageError(ErrorCause.CONST_CRC, f"constants CRC 0x{ih.const_crc:08x}, computed 0x{crc:08x}",
+                                 offset=pos, instruction=idx)
+        words = np.frombuffer(cbytes, dtype="<i4").astype(np.int64)
+        if q_len:
+            ins.qconst = words[:q_len]
+        ins.consts = [words[q_len + c * ins.n: q_len + (c + 1) * ins.n] for c in range(n_consts)]
+        pos += 4 * const_words
+        wb = ih.weight_bytes
+        if ins.opcode is Opcode.GEMV:
+            expect = channel_block_bytes(ins.n, ins.k, info.channels, info.packing)
+            if wb != sum(expect):
+                raise ImageError(ErrorCause.BAD_SHAPE, f"weight section of {wb} bytes, a {ins.n}x{ins.k} GEMV over "
+                                 f"{info.channels} channel(s) needs {sum(expect)}", **where)
+            if pos + wb > size:
+                raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the weights", offset=pos,
+                                 instruction=idx)
+            ins.weight_offset = pos
+            start = pos
+            for c, nb in enumerate(expect):
+                block = np.frombuffer(mv[start:start + nb], dtype=np.uint8)
+                if check_trits:
+                    _check_trits(block, channel_rows(ins.n, info.channels, c) * ins.k, info.packing,
+                                 start, idx)
+                ins.blocks.append(block)
+                start += nb
+        elif wb:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"{opcode.name} carries {wb} weight bytes", **where)
+        pos += wb
+        instructions.append(ins)
+    if pos != size:
+        raise ImageError(ErrorCause.BAD_SHAPE, f"{size - pos} bytes after the last instruction", offset=pos)
+    if not instructions or instructions[-1].opcode is not Opcode.END_TOKEN:
+        raise ImageError(ErrorCause.NO_END, "the program does not end with END_TOKEN", offset=pos)
+    if any(i.opcode is Opcode.END_TOKEN for i in instructions[:-1]):
+        first = next(j for j, i in enumerate(instructions) if i.opcode is Opcode.END_TOKEN)
+        raise ImageError(ErrorCause.BAD_SHAPE, "END_TOKEN before the end of the program",
+                         instruction=first, offset=instructions[first].offset)
+    return ParsedImage(info=info, instructions=instructions, raw=mv)
+
+
+def _raw_field(head: memoryview, bit: int, width: int) -> int:
+    return (int.from_bytes(bytes(head), "little") >> bit) & ((1 << width) - 1)
+
+
+_OPS_BIT = 224  # InstrHeader: ops start after 7 words
+
+
+def _decode_op(head: memoryview, j: int, where: dict) -> MicroOpSpec:
+    word = _raw_field(head, _OPS_BIT + 32 * j, 32)
+    raw = isa.unpack(MicroOp, word.to_bytes(4, "little"))
+    op = _enum(MicroOpcode, word & 0x1F, ErrorCause.BAD_MICROOP, f"micro-op {j} opcode", **where)
+    buf = _enum(Buffer, (word >> 11) & 0xF, ErrorCause.BAD_MICROOP, f"micro-op {j} buffer", **where)
+    return MicroOpSpec(op=op, dst=raw.dst, a=raw.a, b=raw.b, buf=buf, shift=raw.shift, reg=raw.reg)
+
+
+def _check_shape(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) -> None:
+    if ins.opcode is Opcode.GEMV:
+        if not (1 <= ins.k <= isa.MAX_K and 1 <= ins.n <= isa.MAX_N):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV {ins.n}x{ins.k} beyond the limits", **where)
+        if ins.k not in (info.hidden, info.intermediate):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV input of {ins.k}: neither hidden ({info.hidden}) nor "
+                             f"intermediate ({info.intermediate})", **where)
+        if ins.n not in (info.hidden, info.intermediate, info.vocab):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV output of {ins.n}: not hidden, intermediate or vocab",
+                             **where)
+        if ins.layer >= info.n_layers:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"layer {ins.layer} of a {info.n_layers}-layer model", **where)
+        if ins.src not in (Buffer.X, Buffer.A, Buffer.P):
+            raise ImageError(ErrorCause.BAD_MICROOP, f"GEMV source {ins.src.name} (X, A or P)", **where)
+    elif ins.opcode is Opcode.LOAD_TOKEN and ins.n != info.hidden:
+        raise ImageError(ErrorCause.BAD_SHAPE, f"LOAD_TOKEN of {ins.n} elements, hidden is {info.hidden}",
+                         **where)
+    for j, op in enumerate(ins.ops):
+        if op.shift > 62:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j}: shift {op.shift} (at most 62)", **where)
+        if Buffer.C0.value <= op.buf.value <= Buffer.C3.value and op.buf.value - Buffer.C0.value >= n_consts:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j} reads {op.buf.name}, the instruction has "
+                             f"{n_consts} constant vector(s)", **where)
+        if op.op in (MicroOpcode.SIG, MicroOpcode.SIGNEG, MicroOpcode.SILU) and \
+                op.shift < info.lut_segments_log2 - LUT_RANGE_LOG2:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j}: sigmoid input Q.{op.shift} is coarser than "
+                             "the LUT's segments", **where)
+
+
+def _check_trits(block: np.ndarray, n_trits: int, packing: TritPacking, offset: int, idx: int) -> None:
+    nbytes = isa.packed_trit_bytes(n_trits, packing)
+    body = block[:nbytes]
+    if packing is TritPacking.BASE3:
+        bad = np.flatnonzero(body > 242)
+    else:
+        codes = np.stack([(body >> s) & 3 for s in (0, 2, 4, 6)], axis=1).reshape(-1)[:n_trits]
+        bad = np.flatnonzero(codes == 2) // 4
+    if bad.size:
+        raise ImageError(ErrorCause.BAD_TRIT, f"invalid {packing.name} trit byte 0x{int(body[bad[0]]):02x}",
+                         offset=offset + int(bad[0]), instruction=idx)
+
+
+def disassemble(image: ParsedImage | bytes, *, names: Sequence[str] | None = None) -> str:
+    """A readable listing of an image: one block per instruction with its micro-ops."""
+    img = image if isinstance(image, ParsedImage) else parse_image(image, check_trits=False)
+    i = img.info
+    lines = [f"; image: {i.n_layers} layers, hidden {i.hidden}, intermediate {i.intermediate}, vocab {i.vocab}, "
+             f"{i.packing.name}, {i.channels} channel(s), {i.image_bytes} bytes, {i.n_instructions} instructions",
+             f"; formats: residual Q.{i.residual_frac}, state Q.{i.state_frac}, gates Q.{i.gate_frac}, "
+             f"sigmoid LUT 2^{i.lut_segments_log2} segments"]
+    for idx, ins in enumerate(img.instructions):
+        label = f"  ; {names[idx]}" if names and idx < len(names) and names[idx] else ""
+        if ins.opcode is Opcode.GEMV:
+            flags = "|".join(f.name for f in InstrFlags if f in ins.flags) or "-"
+            lines.append(f"{idx:4d}: GEMV  layer {ins.layer}  {ins.n}x{ins.k}  src {ins.src.name}  "
+                         f"A=R{ins.amax_reg} SSQ=R{ins.ssq_reg}  Cb={ins.cb_mant}*2^-{ins.cb_shift}  "
+                         f"out Q.{ins.out_frac}  "
+                         f"flags {flags}  consts {len(ins.consts)}{label}")
+        else:
+            lines.append(f"{idx:4d}: {ins.opcode.name}  n {ins.n}  consts {len(ins.consts)}{label}")
+        lines.extend(f"        {op}" for op in ins.ops)
+    return "\n".join(lines)

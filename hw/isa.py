@@ -1,0 +1,494 @@
+"""The one definition of the bits: model image, token and output packets, instructions, micro-ops,
+trit packings, counters and the register map.
+
+Imported by the gateware (``hw/``) and by the host (compiler, golden device, drivers) alike, so there is
+exactly one truth about every field (DESIGN.md section 3; the habit of FINN's ``data_packing.py``).
+Layouts are ``amaranth.lib.data`` structs and ``amaranth.lib.enum`` enums; the host packs them with
+:func:`pack` (``Layout.const(...).as_bits()``) and reads them back with :func:`unpack`. Every packing
+function here has its inverse, and ``tests/test_isa.py`` round-trips each one (hypothesis).
+
+Streams
+-------
+All multi-byte values are little-endian; every packet is a whole number of 32-bit words.
+
+* **Model image** (the program; loaded once, streamed every token)::
+
+      ImageHeader (64 B)
+      Instruction 0: InstrHeader (64 B) | constants | packed weights (channel blocks)
+      Instruction 1: ...
+      ...                                   (the last instruction is END_TOKEN)
+
+* **Token packet** (host -> accelerator, ahead of the image each token): :class:`TokenHeader`
+  (16 B), ``hidden`` words of the embedding in the residual format (int32, ``RESIDUAL_FRAC`` fraction
+  bits, saturated), then a CRC-32 word over header and payload.
+* **Output packet** (accelerator -> host, once per token): :class:`OutputHeader` (32 B), then
+  ``n_logits`` int32 words (the LM head's raw accumulators, when requested), then a CRC-32 word.
+
+CRC-32 is the IEEE 802.3 / zlib CRC (``CRC-32/ISO-HDLC``; Amaranth ``lib.crc.catalog.CRC32_ETHERNET``
+computes the same), taken over whole little-endian words.
+
+Instructions and the epilogue machine
+-------------------------------------
+``GEMV`` (DESIGN.md section 3, the CODA abstraction): (1) the *quantize prologue* forms int8 codes of
+the source buffer (``q[k] = clamp(round(mul(src[k], QC[k], q_shift) * 127 / A), -128, 127)`` where
+``A`` is the reduction register ``amax_reg``; skipped with ``REUSE_CODES``), (2) the ternary GEMV
+``acc[n] = sum_k W[n, k] q[k]`` (int, :data:`ACC_BITS` wide), (3) the *epilogue program*: up to
+:data:`MAX_OPS` micro-ops run in order on every output element while it is on chip, on a per-element
+register file ``r0..r3`` that starts as ``r0 = acc[n] * S`` (dequantized, ``out_frac`` fraction bits),
+``r1 = acc[n]``, ``r2 = r3 = 0``. ``S`` is the per-token dequantization scale formed by the
+scalar unit from ``amax_reg``, ``ssq_reg`` and the instruction's constant ``Cb = beta sqrt(K) / 127``
+(see :mod:`hw.numerics`). ``LOAD_TOKEN`` runs an epilogue program over the token packet's vector
+(``r0 = r1 = x[n]``) and ``END_TOKEN`` commits the recurrent state and emits the output packet.
+
+Per-instruction constant vectors (``QC`` of length K when ``QCONST`` is set, then ``C0..C{n-1}`` of
+length N) follow the instruction header as int32 words; their CRC is ``const_crc``.
+"""
+
+
+
+import math
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data, enum
+
+__all__ = [
+    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "ID_MAGIC", "ISA_VERSION",
+    "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
+    "ACC_BITS", "acc_bits_for",
+    "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Counter",
+    "ImageHeader", "TokenHeader", "OutputHeader", "MicroOp", "InstrHeader",
+    "pack", "unpack", "crc32_words", "layout_bytes",
+    "pack_trits", "unpack_trits", "packed_trit_bytes", "TRIT_2BIT_CODES",
+    "RegisterMap", "REGISTER_MAP", "register_base", "id_block_values",
+]
+
+# ----------------------------------------------------------------------------------------------- magics
+IMAGE_MAGIC = int.from_bytes(b"MMFI", "little")   #: model image header
+TOKEN_MAGIC = int.from_bytes(b"MMFT", "little")   #: token packet header
+OUTPUT_MAGIC = int.from_bytes(b"MMFO", "little")  #: output packet header
+ID_MAGIC = int.from_bytes(b"MMFA", "little")      #: register map ID block
+ISA_VERSION = 1
+
+# ------------------------------------------------------------------------------------ supported shapes
+# At least the 2.7B shape (hidden 2560, intermediate 6912, 32 layers, vocabulary 32000), DESIGN.md section 3.
+MAX_HIDDEN = 4096
+MAX_INTERMEDIATE = 8192
+MAX_LAYERS = 64
+MAX_VOCAB = 65535
+MAX_K = 8192                 #: largest GEMV input (max of hidden and intermediate)
+MAX_N = 65535                #: largest GEMV output (the LM head's vocabulary)
+MAX_OPS = 8                  #: micro-ops in one epilogue program
+MAX_CONSTS = 4               #: per-channel constant vectors C0..C3 per instruction
+
+
+def acc_bits_for(max_k: int) -> int:
+    """Signed accumulator width that holds every ternary dot product of length ``max_k``.
+
+    Codes are int8 in [-128, 127] and weights in {-1, 0, 1}, so ``|acc| <= 128 * K``; the range
+    ``[-128 K, +128 K]`` needs ``bitlength(128 K) + 1`` bits (``+128 K`` from ``-128 * -1`` terms).
+    """
+    if max_k < 1:
+        raise ValueError(f"max_k must be >= 1, got {max_k}")
+    return (128 * max_k).bit_length() + 1
+
+
+#: GEMV accumulator width (22 bits for MAX_K = 8192: |acc| <= 2**20).
+ACC_BITS = acc_bits_for(MAX_K)
+
+
+# ------------------------------------------------------------------------------------------------ enums
+class TritPacking(enum.Enum, shape=unsigned(8)):
+    """How ternary weights are packed in the image, continuously across rows (no per-row padding).
+
+    ``BITS2``: 4 trits per byte, 2 bits each, first trit in the least significant bits, codes
+    :data:`TRIT_2BIT_CODES` (``0b10`` is invalid). ``BASE3``: 5 trits per byte (1.6 bits per trit),
+    ``byte = sum_i (t_i + 1) * 3**i`` for the five trits ``t_0..t_4`` in order (values 243-255 invalid).
+    """
+
+    BITS2 = 0
+    BASE3 = 1
+
+
+class Opcode(enum.Enum, shape=unsigned(8)):
+    """Instruction opcodes (``InstrHeader.opcode``)."""
+
+    GEMV = 1         #: quantize prologue + ternary GEMV + epilogue program
+    LOAD_TOKEN = 2   #: epilogue program over the token packet's vector (no weights)
+    END_TOKEN = 3    #: commit the recurrent state, emit the output packet; ends the program
+
+
+class InstrFlags(enum.Flag, shape=unsigned(8)):
+    """``InstrHeader.flags``."""
+
+    REUSE_CODES = 1   #: GEMV: skip the quantize prologue, reuse the previous GEMV's codes and scale
+    QCONST = 2        #: GEMV: a per-input-channel constant vector QC (length K) precedes C0..
+    LOGITS = 4        #: this GEMV's OUT micro-ops feed the output packet (LM head)
+
+
+class MicroOpcode(enum.Enum, shape=unsigned(5)):
+    """Epilogue micro-ops; ``mul(a, b, s) = sat32((a * b + 2**(s-1)) >> s)`` (round half up, ``s > 0``).
+
+    ``sat32`` saturates to int32. ``a``, ``b``, ``dst`` name registers ``r0..r3``; ``buf`` a
+    :class:`Buffer` (read at, or written to, the element's index n); ``reg`` a reduction register;
+    ``shift`` is the 6-bit shift field. Sigmoid is the LUT of :mod:`hw.numerics` (``shift`` = fraction
+    bits of its input; output has ``GATE_FRAC`` fraction bits).
+    """
+
+    NOP = 0
+    LD = 1        #: dst = buf[n]
+    ST = 2        #: buf[n] = a
+    ADD = 3       #: dst = sat32(a + b)
+    SUB = 4       #: dst = sat32(a - b)
+    MUL = 5       #: dst = mul(a, b, shift)
+    MULV = 6      #: dst = mul(a, buf[n], shift)
+    ADDV = 7      #: dst = sat32(a + buf[n])
+    SIG = 8       #: dst = sigmoid(a)
+    SIGNEG = 9    #: dst = sigmoid(-a)
+    SILU = 10     #: dst = mul(a, sigmoid(a), GATE_FRAC): same format as a
+    RSUB1 = 11    #: dst = sat32(2**shift - a): "1 - a" with `shift` fraction bits
+    SSQ = 12      #: reg += w * w (64-bit, saturating), w = mul(a, buf[n], shift), or w = a for buf NONE
+    AMAX = 13     #: reg = max(reg, |w|), w as for SSQ
+    ARGMAX = 14   #: running argmax of a over the elements (the first index wins ties)
+    OUT = 15      #: append a to the output packet's logits (sent when the token asks for logits)
+
+
+class Buffer(enum.Enum, shape=unsigned(4)):
+    """On-chip vectors addressed by micro-ops and by the quantize prologue."""
+
+    X = 0          #: residual stream (hidden)
+    A = 1          #: scratch: SiLU(i), SiLU(first half of gate_proj)
+    P = 2          #: next BitLinear input: output-gate product p, GLU product m
+    STATE_OLD = 3  #: committed recurrent state h_{t-1} of the instruction's layer (read only)
+    STATE_NEW = 4  #: recurrent state h_t of the instruction's layer (committed by END_TOKEN)
+    TOKEN = 5      #: the token packet's vector (read only)
+    C0 = 8         #: per-instruction constant vectors (read only)
+    C1 = 9
+    C2 = 10
+    C3 = 11
+    NONE = 15      #: "no constant": SSQ/AMAX use w = a
+
+
+class ErrorCause(enum.Enum, shape=unsigned(8)):
+    """Why the core stopped a token (``ERROR_CAUSE`` register; the golden device raises the same)."""
+
+    NONE = 0
+    BAD_MAGIC = 1        #: image header magic
+    BAD_VERSION = 2      #: image ISA version
+    HEADER_CRC = 3       #: image header CRC
+    INSTR_CRC = 4        #: instruction header CRC
+    CONST_CRC = 5        #: constant vectors CRC
+    UNKNOWN_OPCODE = 6   #: instruction opcode
+    BAD_MICROOP = 7      #: micro-op opcode, register, buffer or shift out of range
+    BAD_SHAPE = 8        #: dimensions beyond the build's limits or inconsistent with the header
+    TRUNCATED = 9        #: the stream ended inside a header, constants or weights
+    BAD_TRIT = 10        #: an invalid trit code (2-bit 0b10, base-3 byte > 242)
+    TOKEN_MAGIC = 11     #: token packet magic
+    TOKEN_LENGTH = 12    #: token packet length differs from the image's hidden size
+    TOKEN_CRC = 13       #: token packet CRC
+    ABORTED = 14         #: the host aborted (reset) in the middle of a token
+    NO_END = 15          #: the image has no END_TOKEN
+
+
+class Counter(enum.Enum, shape=unsigned(8)):
+    """Performance and activity counters (64-bit each; register map ``COUNTERS`` + 8 * index).
+
+    The golden device's cycle model predicts each of them per instruction and per token.
+    """
+
+    CYCLES = 0            #: core clock cycles from the token packet's first beat to the output CRC
+    STREAM_BEATS = 1      #: weight-stream beats accepted, all channels
+    STREAM_STALLS = 2     #: cycles the GEMV engine waited for weight beats
+    OUT_STALLS = 3        #: cycles the output stream was back-pressured
+    GEMV_CYCLES = 4       #: cycles the ternary array was busy
+    QUANT_CYCLES = 5      #: cycles of quantize prologues (the absmax barrier)
+    SCALAR_CYCLES = 6     #: cycles of the scalar unit (isqrt, divisions)
+    TRITS = 7             #: ternary weights consumed
+    NONZERO_TRITS = 8     #: of which non-zero (add or subtract; zero trits skip)
+    EPILOGUE_ELEMENTS = 9  #: elements through the epilogue
+    INSTRUCTIONS = 10     #: instructions executed
+    TOKENS = 11           #: tokens completed
+
+
+TRIT_2BIT_CODES = {0: 0b00, 1: 0b01, -1: 0b11}  #: 2-bit trit codes; 0b10 is invalid
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+class ImageHeader(data.Struct):
+    """Model image header, 16 words (64 bytes); ``crc`` covers words 0-14."""
+
+    magic: unsigned(32)
+    version: unsigned(16)
+    header_words: unsigned(16)
+    packing: TritPacking
+    channels: unsigned(8)
+    flags: unsigned(16)                #: reserved, 0
+    n_layers: unsigned(16)
+    hidden: unsigned(16)
+    intermediate: unsigned(16)
+    vocab: unsigned(16)
+    n_instructions: unsigned(32)
+    image_words: unsigned(32)          #: whole image, this header included
+    residual_frac: unsigned(8)         #: fraction bits of the residual format (token packets)
+    state_frac: unsigned(8)            #: fraction bits of the recurrent state
+    gate_frac: unsigned(8)             #: fraction bits of sigmoid outputs
+    lut_segments_log2: unsigned(8)     #: sigmoid LUT: 2**n segments over [-16, 16)
+    reserved: unsigned(32 * 7)
+    crc: unsigned(32)
+
+
+class TokenHeader(data.Struct):
+    """Token packet header, 4 words; a CRC word over header and payload follows the payload."""
+
+    magic: unsigned(32)
+    position: unsigned(32)   #: token index in the sequence (informational, echoed in the output)
+    flags: unsigned(32)      #: bit 0: send the LM head's logits in the output packet
+    length: unsigned(32)     #: payload words (must equal the image's hidden size)
+
+
+class OutputHeader(data.Struct):
+    """Output packet header, 8 words; ``n_logits`` int32 words and a CRC word follow."""
+
+    magic: unsigned(32)
+    position: unsigned(32)
+    argmax: unsigned(32)          #: greedy next token (first index of the largest accumulator)
+    max_acc: signed(32)           #: its accumulator
+    scale_mant: unsigned(32)      #: LM-head dequantization: logit = acc * scale_mant * 2**-scale_shift
+    scale_shift: signed(32)
+    n_logits: unsigned(32)
+    status: unsigned(32)          #: 0 = ok (an error stops the token before the output packet)
+
+
+class MicroOp(data.Struct):
+    """One epilogue micro-op, 32 bits."""
+
+    op: MicroOpcode
+    dst: unsigned(2)
+    a: unsigned(2)
+    b: unsigned(2)
+    buf: Buffer
+    shift: unsigned(6)
+    reg: unsigned(3)      #: reduction register (SSQ, AMAX)
+    reserved: unsigned(8)
+
+
+class InstrHeader(data.Struct):
+    """Instruction header, 16 words (64 bytes); ``crc`` covers words 0-14."""
+
+    opcode: Opcode
+    flags: InstrFlags
+    layer: unsigned(8)
+    n_ops: unsigned(8)
+    n: unsigned(16)               #: outputs (rows of W)
+    k: unsigned(16)               #: inputs (columns of W)
+    src: Buffer                   #: quantize prologue source vector
+    q_shift: unsigned(6)          #: prologue: w[k] = mul(src[k], QC[k], q_shift)
+    amax_reg: unsigned(3)         #: prologue and scale: absmax A of w
+    ssq_reg: unsigned(3)          #: scale: sum of squares of the pre-norm input
+    n_consts: unsigned(3)         #: constant vectors C0.. (length n)
+    out_frac: unsigned(6)         #: fraction bits of the dequantized output r0
+    reserved0: unsigned(7)
+    cb_mant: unsigned(32)         #: Cb = beta * sqrt(K) / 127 = cb_mant * 2**-cb_shift
+    cb_shift: signed(32)
+    weight_bytes: unsigned(32)    #: packed weights, all channel blocks
+    const_crc: unsigned(32)       #: CRC-32 of the constant words (0 when there are none)
+    ops: data.ArrayLayout(MicroOp, MAX_OPS)
+    crc: unsigned(32)
+
+
+def layout_bytes(layout: Any) -> int:
+    """Size of a layout in bytes (every layout here is a whole number of 32-bit words)."""
+    size = data.Layout.cast(layout).size
+    assert size % 32 == 0, f"{layout} is {size} bits, not whole words"
+    return size // 8
+
+
+# ------------------------------------------------------------------------------------ pack and unpack
+def pack(layout: Any, fields: Mapping[str, Any]) -> bytes:
+    """Pack ``fields`` into ``layout``'s little-endian bytes (unnamed fields are zero).
+
+    Raises
+    ------
+    TypeError, ValueError
+        From Amaranth, on unknown fields or values out of range.
+    """
+    lay = data.Layout.cast(layout)
+    return lay.const(fields).as_bits().to_bytes(lay.size // 8, "little")
+
+
+def unpack(layout: Any, raw: bytes | bytearray | memoryview) -> data.Const:
+    """Read ``layout`` from the first ``layout_bytes(layout)`` bytes of ``raw``.
+
+    Field access on the result returns ints, enum members (``ValueError`` for an undefined enum value)
+    and nested views.
+
+    Raises
+    ------
+    ValueError
+        If ``raw`` is shorter than the layout.
+    """
+    lay = data.Layout.cast(layout)
+    n = lay.size // 8
+    if len(raw) < n:
+        raise ValueError(f"need {n} bytes for {getattr(layout, '__name__', layout)}, got {len(raw)}")
+    return data.Const(lay, int.from_bytes(bytes(raw[:n]), "little"))
+
+
+def crc32_words(*chunks: bytes | bytearray | memoryview) -> int:
+    """CRC-32 (IEEE 802.3, zlib) over the concatenated chunks (each a whole number of words)."""
+    crc = 0
+    for c in chunks:
+        crc = zlib.crc32(c, crc)
+    return crc & 0xFFFFFFFF
+
+
+# ------------------------------------------------------------------------------------------- packings
+_BASE3_POW = np.array([1, 3, 9, 27, 81], dtype=np.int32)
+#: base-3 byte -> its five trits (rows 243-255 are invalid and decode to 0)
+BASE3_DECODE = np.zeros((256, 5), dtype=np.int8)
+BASE3_DECODE[:243] = (np.arange(243)[:, None] // _BASE3_POW[None, :]) % 3 - 1
+#: 2-bit code -> trit (0b10 decodes to 0 but is invalid)
+BITS2_DECODE = np.array([0, 1, 0, -1], dtype=np.int8)
+
+
+def packed_trit_bytes(n_trits: int, packing: TritPacking) -> int:
+    """Bytes of ``n_trits`` trits packed continuously (the last byte zero-padded)."""
+    per = 4 if TritPacking(packing) is TritPacking.BITS2 else 5
+    return -(-int(n_trits) // per)
+
+
+def pack_trits(trits: np.ndarray, packing: TritPacking) -> bytes:
+    """Pack a flat sequence of trits continuously (rows back to back, no per-row padding).
+
+    Parameters
+    ----------
+    trits : ndarray, int8 in {-1, 0, 1}, any shape (flattened in C order)
+    packing : TritPacking
+
+    Returns
+    -------
+    bytes, length :func:`packed_trit_bytes`; padding trits are 0 (code 0b00, base-3 digit 1).
+
+    Raises
+    ------
+    ValueError
+        If a value is not a trit.
+    """
+    t = np.asarray(trits).reshape(-1)
+    if t.size and (t.min() < -1 or t.max() > 1):
+        raise ValueError("trits must be in {-1, 0, 1}")
+    packing = TritPacking(packing)
+    if packing is TritPacking.BITS2:
+        codes = (t.astype(np.uint8) & 0b11)  # -1 -> 0b11, 0 -> 0b00, 1 -> 0b01
+        pad = (-codes.size) % 4
+        codes = np.concatenate([codes, np.zeros(pad, np.uint8)]).reshape(-1, 4)
+        out = codes[:, 0] | (codes[:, 1] << 2) | (codes[:, 2] << 4) | (codes[:, 3] << 6)
+        return out.astype(np.uint8).tobytes()
+    digits = t.astype(np.int32) + 1
+    pad = (-digits.size) % 5
+    digits = np.concatenate([digits, np.ones(pad, np.int32)]).reshape(-1, 5)
+    return (digits @ _BASE3_POW).astype(np.uint8).tobytes()
+
+
+def unpack_trits(raw: bytes | np.ndarray, n_trits: int, packing: TritPacking) -> np.ndarray:
+    """Inverse of :func:`pack_trits`: the first ``n_trits`` trits as int8.
+
+    Raises
+    ------
+    ValueError
+        If ``raw`` is too short, or holds an invalid code (2-bit ``0b10``; base-3 byte above 242).
+    """
+    b = np.frombuffer(bytes(raw), dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8)
+    packing = TritPacking(packing)
+    need = packed_trit_bytes(n_trits, packing)
+    if b.size < need:
+        raise ValueError(f"{need} bytes needed for {n_trits} trits, got {b.size}")
+    b = b[:need]
+    if packing is TritPacking.BITS2:
+        codes = np.stack([(b >> s) & 0b11 for s in (0, 2, 4, 6)], axis=1).reshape(-1)[:n_trits]
+        if (codes == 0b10).any():
+            raise ValueError(f"invalid 2-bit trit code 0b10 at trit {int(np.argmax(codes == 0b10))}")
+        return BITS2_DECODE[codes]
+    if (b > 242).any():
+        raise ValueError(f"invalid base-3 trit byte {int(b[b > 242][0])} at byte {int(np.argmax(b > 242))}")
+    return BASE3_DECODE[b].reshape(-1)[:n_trits]
+
+
+# --------------------------------------------------------------------------------------- register map
+@dataclass(frozen=True)
+class RegisterMap:
+    """AXI4-Lite register map of the core (32-bit registers; offsets relative to :func:`register_base`).
+
+    The ID block comes first (corundum's register blocks; checked by the host on open): magic
+    :data:`ID_MAGIC`, ISA version and build parameters. Control and status follow, then the 64-bit
+    counters (low word first) in :class:`Counter` order.
+    """
+
+    ID_MAGIC: int = 0x00
+    ID_VERSION: int = 0x04
+    ID_LANES: int = 0x08
+    ID_CHANNELS: int = 0x0C
+    ID_BUS_BITS: int = 0x10
+    ID_PACKINGS: int = 0x14        #: bit i set: TritPacking(i) supported
+    ID_MAX_HIDDEN: int = 0x18
+    ID_MAX_INTERMEDIATE: int = 0x1C
+    ID_MAX_LAYERS: int = 0x20
+    ID_MAX_VOCAB: int = 0x24
+    ID_QUANT_LANES: int = 0x28     #: codes formed per cycle by the quantize prologue
+    ID_ACC_BITS: int = 0x2C
+    CTRL: int = 0x40               #: bit 0 start token, bit 1 abort (reset the sequencer), bit 2 logits out
+    STATUS: int = 0x44             #: bit 0 busy, bit 1 done, bit 2 error
+    ERROR_CAUSE: int = 0x48        #: ErrorCause
+    ERROR_WHERE: int = 0x4C        #: instruction index of the error
+    POSITION: int = 0x50           #: token position of the last output
+    ARGMAX: int = 0x54             #: last greedy token
+    COUNTERS: int = 0x80           #: Counter(i) at COUNTERS + 8 * i (low word, then high word)
+    SIZE: int = 0x100
+
+    def counter(self, c: Counter) -> int:
+        return self.COUNTERS + 8 * Counter(c).value
+
+
+REGISTER_MAP = RegisterMap()
+
+#: Where the register map starts per platform: XRT reserves 0x00-0x0C (ap_ctrl) on Alveo.
+_REGISTER_BASE = {"zynq": 0x00, "ecp5": 0x00, "sim": 0x00, "alveo": 0x10}
+
+
+def register_base(platform: str) -> int:
+    """Offset of the register map on ``platform`` ("zynq", "alveo", "ecp5" or "sim")."""
+    try:
+        return _REGISTER_BASE[platform]
+    except KeyError:
+        raise ValueError(f"unknown platform {platform!r}; known: {sorted(_REGISTER_BASE)}") from None
+
+
+def id_block_values(*, lanes: int, channels: int, bus_bits: int, packings: Sequence[TritPacking],
+                    quant_lanes: int, max_hidden: int = MAX_HIDDEN,
+                    max_intermediate: int = MAX_INTERMEDIATE, max_layers: int = MAX_LAYERS,
+                    max_vocab: int = MAX_VOCAB) -> dict[int, int]:
+    """The ID block's register values of a build: ``{offset: value}``."""
+    r = REGISTER_MAP
+    mask = 0
+    for p in packings:
+        mask |= 1 << TritPacking(p).value
+    return {r.ID_MAGIC: ID_MAGIC, r.ID_VERSION: ISA_VERSION, r.ID_LANES: lanes, r.ID_CHANNELS: channels,
+            r.ID_BUS_BITS: bus_bits, r.ID_PACKINGS: mask, r.ID_MAX_HIDDEN: max_hidden,
+            r.ID_MAX_INTERMEDIATE: max_intermediate, r.ID_MAX_LAYERS: max_layers,
+            r.ID_MAX_VOCAB: max_vocab, r.ID_QUANT_LANES: quant_lanes, r.ID_ACC_BITS: ACC_BITS}
+
+
+def _check_sizes() -> None:
+    assert layout_bytes(ImageHeader) == 64
+    assert layout_bytes(InstrHeader) == 64
+    assert layout_bytes(TokenHeader) == 16
+    assert layout_bytes(OutputHeader) == 32
+    assert data.Layout.cast(MicroOp).size == 32
+    assert math.ceil(math.log2(MAX_N + 1)) <= 16
+
+
+_check_sizes()
