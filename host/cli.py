@@ -203,6 +203,33 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from host.compiler import CompileOptions, compile_model, compile_program
+    from host.image import disassemble, parse_image
+    from hw.isa import TritPacking
+
+    if args.out is not None and not args.out.parent.is_dir():
+        raise ValueError(f"cannot write {args.out}: the directory {args.out.parent} does not exist")
+    checkpoint = _load_checkpoint(args.model)
+    options = CompileOptions(packing=TritPacking[args.packing.upper()], channels=args.channels,
+                             output_gate=args.output_gate)
+    image = compile_model(checkpoint.weights, options)
+    if args.out is not None:
+        tmp = args.out.with_name(args.out.name + ".partial")
+        tmp.write_bytes(image)
+        tmp.replace(args.out)
+    parsed = parse_image(image)
+    info = parsed.info
+    if args.listing:
+        names = [ins.name for ins in compile_program(checkpoint.weights, options)]
+        print(disassemble(parsed, names=names))
+    cfg = checkpoint.config
+    print(f"image {_fmt_bytes(len(image))} ({len(image):,} bytes), {info.n_instructions} instructions, "
+          f"{info.packing.name}, {info.channels} channel(s), {cfg.n_trits * 8 / len(image):.2f} trits/byte overall"
+          + (f" -> {args.out}" if args.out is not None else ""), file=sys.stderr)
+    return 0
+
+
 # ---------------------------------------------------------------------- parser
 
 def _device_help() -> str:
@@ -212,7 +239,7 @@ def _device_help() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``mmfree`` argument parser (subcommands ``generate``, ``eval``, ``info``)."""
+    """The ``mmfree`` argument parser (subcommands ``generate``, ``eval``, ``compile``, ``info``)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Host runtime of the MatMul-free LM accelerator.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -252,6 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar over windows (default: when stderr is a terminal)")
     e.set_defaults(func=_cmd_eval)
+
+    c = sub.add_parser("compile", help="compile a checkpoint into the accelerator's model image")
+    common(c, device=False)
+    c.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the image to FILE")
+    c.add_argument("--packing", choices=("base3", "bits2"), default="base3",
+                   help="5 trits per byte (1.6 bit, default) or 2 bits per trit")
+    c.add_argument("--channels", type=int, default=1, metavar="N", help="weight channels of the build (default 1)")
+    c.add_argument("--output-gate", choices=("released", "paper"), default="released",
+                   help="RMSNorm(g)*SiLU(h) as released (default) or the paper's sigmoid(g)*h")
+    c.add_argument("--listing", action="store_true", help="print the disassembled program")
+    c.set_defaults(func=_cmd_compile)
 
     i = sub.add_parser("info", help="describe a checkpoint: config, parameters, trits per token, tokenizer")
     common(i, device=False)
