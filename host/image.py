@@ -7,7 +7,7 @@ views into the image's own buffer, so a device holding a parsed image holds the 
 
 Weight section of a GEMV: ``channels`` blocks, block ``c`` holding rows ``c, c + channels, ...`` packed
 continuously across rows (:func:`hw.isa.pack_trits`), each block padded with zero bytes to a whole
-number of 32-bit words.
+number of 64-byte sections (:data:`hw.isa.SECTION_BYTES`), like the constants section.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from hw.numerics import INT32_MAX, INT32_MIN, LUT_RANGE_LOG2
 
 __all__ = [
     "ImageError", "Instruction", "MicroOpSpec", "ImageInfo", "ParsedImage",
-    "assemble", "parse_image", "disassemble", "channel_block_bytes", "channel_rows",
+    "assemble", "parse_image", "disassemble", "channel_block_bytes", "channel_rows", "const_section_bytes",
 ]
 
 HEADER_BYTES = isa.layout_bytes(ImageHeader)
@@ -191,12 +191,18 @@ def channel_rows(n: int, channels: int, c: int) -> int:
 
 
 def channel_block_bytes(n: int, k: int, channels: int, packing: TritPacking) -> list[int]:
-    """Bytes of each channel's weight block (packed continuously, padded to whole words)."""
+    """Bytes of each channel's weight block (packed continuously, padded to whole sections)."""
     out = []
     for c in range(channels):
         b = isa.packed_trit_bytes(channel_rows(n, channels, c) * k, packing)
-        out.append(b + (-b) % 4)
+        out.append(b + isa.section_pad(b))
     return out
+
+
+def const_section_bytes(ins: Instruction) -> int:
+    """Bytes of an instruction's constants section (QC and C0.., padded to whole sections)."""
+    words = (ins.k if InstrFlags.QCONST in ins.flags else 0) + len(ins.consts) * ins.n
+    return 4 * words + isa.section_pad(4 * words)
 
 
 def _const_bytes(ins: Instruction) -> bytes:
@@ -206,7 +212,8 @@ def _const_bytes(ins: Instruction) -> bytes:
     v = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
     if v.size and (v.min() < INT32_MIN or v.max() > INT32_MAX):
         raise ValueError(f"{ins.name}: a constant does not fit int32")
-    return v.astype("<i4").tobytes()
+    raw = v.astype("<i4").tobytes()
+    return raw + bytes(isa.section_pad(len(raw)))
 
 
 def assemble(instructions: Sequence[Instruction], *, packing: TritPacking, channels: int, n_layers: int,
@@ -232,7 +239,7 @@ def assemble(instructions: Sequence[Instruction], *, packing: TritPacking, chann
             blocks = []
             for c in range(channels):
                 b = isa.pack_trits(t[c::channels], packing)
-                blocks.append(b + bytes((-len(b)) % 4))
+                blocks.append(b + bytes(isa.section_pad(len(b))))
             weights = b"".join(blocks)
         fields = ins.header_fields(len(weights), isa.crc32_words(consts) if consts else 0)
         head = isa.pack(InstrHeader, fields)
@@ -316,7 +323,8 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
                              offset=pos + INSTR_BYTES - 4, instruction=idx)
         where = {"offset": pos, "instruction": idx}
         opcode = _enum(Opcode, _raw_field(head, 0, 8), ErrorCause.UNKNOWN_OPCODE, "opcode", **where)
-        ins = Instruction(opcode=opcode, flags=InstrFlags(_raw_field(head, 8, 8)), layer=ih.layer, n=ih.n,
+        flags = _enum(InstrFlags, _raw_field(head, 8, 8), ErrorCause.UNKNOWN_OPCODE, "instruction flags", **where)
+        ins = Instruction(opcode=opcode, flags=flags, layer=ih.layer, n=ih.n,
                           k=ih.k, q_shift=ih.q_shift, amax_reg=ih.amax_reg, ssq_reg=ih.ssq_reg,
                           cb_mant=ih.cb_mant, cb_shift=ih.cb_shift, out_frac=ih.out_frac, offset=pos)
         ins.src = _enum(Buffer, _raw_field(head, 64, 4), ErrorCause.BAD_MICROOP, "source buffer", **where)
@@ -332,20 +340,21 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
         _check_shape(ins, info, n_consts, where)
         q_len = ins.k if InstrFlags.QCONST in ins.flags else 0
         const_words = q_len + n_consts * ins.n
-        if pos + 4 * const_words > size:
+        section = 4 * const_words + isa.section_pad(4 * const_words)
+        if pos + section > size:
             raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the constants", offset=pos,
                              instruction=idx)
-        cbytes = mv[pos:pos + 4 * const_words]
+        cbytes = mv[pos:pos + section]
         if const_words:
             crc = isa.crc32_words(cbytes)
             if crc != ih.const_crc:
                 raise ImageError(ErrorCause.CONST_CRC, f"constants CRC 0x{ih.const_crc:08x}, computed 0x{crc:08x}",
                                  offset=pos, instruction=idx)
-        words = np.frombuffer(cbytes, dtype="<i4").astype(np.int64)
+        words = np.frombuffer(cbytes[:4 * const_words], dtype="<i4").astype(np.int64)
         if q_len:
             ins.qconst = words[:q_len]
         ins.consts = [words[q_len + c * ins.n: q_len + (c + 1) * ins.n] for c in range(n_consts)]
-        pos += 4 * const_words
+        pos += section
         wb = ih.weight_bytes
         if ins.opcode is Opcode.GEMV:
             expect = channel_block_bytes(ins.n, ins.k, info.channels, info.packing)

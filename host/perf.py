@@ -91,12 +91,11 @@ def instruction_counters(ins, info, build: BuildParams) -> dict[Counter, int]:
     info : host.image.ImageInfo
     build : BuildParams
     """
-    from host.image import channel_block_bytes, channel_rows
+    from host.image import channel_block_bytes, channel_rows, const_section_bytes
 
     c = {k: 0 for k in Counter}
     c[Counter.INSTRUCTIONS] = 1
-    q_words = ins.k if InstrFlags.QCONST in ins.flags else 0
-    head_beats = _beats(64 + 4 * (q_words + len(ins.consts) * ins.n), build.beat_bytes)
+    head_beats = _beats(64 + const_section_bytes(ins), build.beat_bytes)
     c[Counter.STREAM_BEATS] += head_beats
     cycles = head_beats
     if ins.opcode is Opcode.GEMV:
@@ -119,7 +118,8 @@ def instruction_counters(ins, info, build: BuildParams) -> dict[Counter, int]:
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
         cycles += body + EPILOGUE_LATENCY + math.ceil(math.log2(max(build.lanes_per_channel, 2)))
     elif ins.opcode is Opcode.LOAD_TOKEN:
-        tok = _beats(4 * (4 + ins.n + 1), build.beat_bytes)
+        tok_bytes = 16 + 4 * ins.n + 4
+        tok = _beats(tok_bytes + isa.section_pad(tok_bytes), build.beat_bytes)
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
         cycles += tok + EPILOGUE_LATENCY
     elif ins.opcode is Opcode.END_TOKEN:

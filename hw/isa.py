@@ -9,7 +9,10 @@ function here has its inverse, and ``tests/test_isa.py`` round-trips each one (h
 
 Streams
 -------
-All multi-byte values are little-endian; every packet is a whole number of 32-bit words.
+All multi-byte values are little-endian. Every *section* (image header, instruction header, the
+constants of an instruction, each channel's weight block, a whole token or output packet) is padded
+with zero bytes to a multiple of :data:`SECTION_BYTES` (64), so with any ``tdata`` width up to 512 bits
+every section starts on a beat boundary and no beat mixes two sections.
 
 * **Model image** (the program; loaded once, streamed every token)::
 
@@ -19,10 +22,12 @@ All multi-byte values are little-endian; every packet is a whole number of 32-bi
       ...                                   (the last instruction is END_TOKEN)
 
 * **Token packet** (host -> accelerator, ahead of the image each token): :class:`TokenHeader`
-  (16 B), ``hidden`` words of the embedding in the residual format (int32, ``RESIDUAL_FRAC`` fraction
-  bits, saturated), then a CRC-32 word over header and payload.
+  (16 B), ``hidden`` words of the embedding in the residual format (int32 with the image's
+  ``residual_frac`` fraction bits, saturated), zero padding, and a CRC-32 word (over everything before
+  it) as the last word of the last 64-byte section.
 * **Output packet** (accelerator -> host, once per token): :class:`OutputHeader` (32 B), then
-  ``n_logits`` int32 words (the LM head's raw accumulators, when requested), then a CRC-32 word.
+  ``n_logits`` int32 words (the LM head's raw accumulators, when requested), zero padding, and the CRC
+  word last, like the token packet.
 
 CRC-32 is the IEEE 802.3 / zlib CRC (``CRC-32/ISO-HDLC``; Amaranth ``lib.crc.catalog.CRC32_ETHERNET``
 computes the same), taken over whole little-endian words.
@@ -41,7 +46,8 @@ scalar unit from ``amax_reg``, ``ssq_reg`` and the instruction's constant ``Cb =
 (``r0 = r1 = x[n]``) and ``END_TOKEN`` commits the recurrent state and emits the output packet.
 
 Per-instruction constant vectors (``QC`` of length K when ``QCONST`` is set, then ``C0..C{n-1}`` of
-length N) follow the instruction header as int32 words; their CRC is ``const_crc``.
+length N) follow the instruction header as int32 words, zero-padded to a whole section; ``const_crc``
+is the CRC of that padded section.
 """
 
 
@@ -53,11 +59,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from amaranth.hdl import signed, unsigned
+from amaranth.hdl import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "ID_MAGIC", "ISA_VERSION",
+    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "ID_MAGIC", "ISA_VERSION", "SECTION_BYTES", "section_pad",
     "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
     "ACC_BITS", "acc_bits_for",
     "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Counter",
@@ -73,6 +79,7 @@ TOKEN_MAGIC = int.from_bytes(b"MMFT", "little")   #: token packet header
 OUTPUT_MAGIC = int.from_bytes(b"MMFO", "little")  #: output packet header
 ID_MAGIC = int.from_bytes(b"MMFA", "little")      #: register map ID block
 ISA_VERSION = 1
+SECTION_BYTES = 64  #: every section of every stream is padded to a multiple of this
 
 # ------------------------------------------------------------------------------------ supported shapes
 # At least the 2.7B shape (hidden 2560, intermediate 6912, 32 layers, vocabulary 32000), DESIGN.md section 3.
@@ -317,7 +324,25 @@ def pack(layout: Any, fields: Mapping[str, Any]) -> bytes:
         From Amaranth, on unknown fields or values out of range.
     """
     lay = data.Layout.cast(layout)
+    _check_ranges(lay, fields, getattr(layout, "__name__", "layout"))
     return lay.const(fields).as_bits().to_bytes(lay.size // 8, "little")
+
+
+def _check_ranges(lay: data.Layout, fields: Any, where: str) -> None:
+    """Reject plain ints outside their field's range (``Layout.const`` would silently truncate them)."""
+    items = fields.items() if isinstance(fields, Mapping) else enumerate(fields)
+    for key, value in items:
+        try:
+            shape = lay[key].shape
+        except (KeyError, IndexError, TypeError):
+            continue  # unknown field: Amaranth's own ValueError names it
+        if isinstance(value, (Mapping, list, tuple)):
+            _check_ranges(data.Layout.cast(shape), value, f"{where}.{key}")
+        elif isinstance(value, int) and isinstance(shape, Shape):
+            lo, hi = (-(1 << (shape.width - 1)), (1 << (shape.width - 1)) - 1) if shape.signed else \
+                (0, (1 << shape.width) - 1)
+            if not lo <= value <= hi:
+                raise ValueError(f"{where}.{key} = {value} does not fit {shape!r} ({lo}..{hi})")
 
 
 def unpack(layout: Any, raw: bytes | bytearray | memoryview) -> data.Const:
@@ -336,6 +361,11 @@ def unpack(layout: Any, raw: bytes | bytearray | memoryview) -> data.Const:
     if len(raw) < n:
         raise ValueError(f"need {n} bytes for {getattr(layout, '__name__', layout)}, got {len(raw)}")
     return data.Const(lay, int.from_bytes(bytes(raw[:n]), "little"))
+
+
+def section_pad(nbytes: int) -> int:
+    """Zero bytes that pad ``nbytes`` to a whole number of :data:`SECTION_BYTES`."""
+    return (-int(nbytes)) % SECTION_BYTES
 
 
 def crc32_words(*chunks: bytes | bytearray | memoryview) -> int:

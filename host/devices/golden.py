@@ -111,7 +111,18 @@ def make_token_packet(x: np.ndarray, *, position: int = 0, logits: bool = True) 
     head = isa.pack(TokenHeader, {"magic": isa.TOKEN_MAGIC, "position": position & 0xFFFFFFFF,
                                   "flags": int(bool(logits)), "length": words.size})
     body = words.astype("<i4").tobytes()
-    return head + body + isa.crc32_words(head, body).to_bytes(4, "little")
+    return _seal(head + body)
+
+
+def _seal(raw: bytes) -> bytes:
+    """Zero-pad to whole sections with room for the CRC word, which goes last."""
+    raw = raw + bytes(isa.section_pad(len(raw) + 4))
+    return raw + isa.crc32_words(raw).to_bytes(4, "little")
+
+
+def _packet_bytes(payload_words: int, header_bytes: int) -> int:
+    n = header_bytes + 4 * payload_words + 4
+    return n + isa.section_pad(n)
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,7 @@ def parse_output_packet(raw: bytes) -> OutputPacket:
     if h.magic != isa.OUTPUT_MAGIC:
         raise ValueError(f"output packet magic 0x{h.magic:08x}")
     n = h.n_logits
-    if len(raw) != hb + 4 * n + 4:
+    if len(raw) != _packet_bytes(n, hb):
         raise ValueError(f"output packet of {len(raw)} bytes, header announces {n} logits")
     crc = isa.crc32_words(raw[:-4])
     if crc != int.from_bytes(raw[-4:], "little"):
@@ -275,11 +286,12 @@ class GoldenMachine:
                 for c, blk in enumerate(ins.blocks):
                     gemv(blk, channel_rows(ins.n, info.channels, c), ins.k, codes, self._lut, self._per_byte,
                          acc, c, info.channels)
-                r = [nx.dequant(acc, *scale), acc, None, None]
+                # ISA: r0 = acc * S, r1 = acc, r2 = r3 = 0
+                r = [nx.dequant(acc, *scale), acc, np.zeros(ins.n, np.int64), np.zeros(ins.n, np.int64)]
                 if InstrFlags.LOGITS in ins.flags:
                     out_scale = (scale[0], scale[1] + ins.out_frac)
             else:  # LOAD_TOKEN
-                r = [token, token, None, None]
+                r = [token, token, np.zeros(ins.n, np.int64), np.zeros(ins.n, np.int64)]
             if tr is not None:
                 tr["r0"].append(r[0].copy())
             argmax, max_acc = self._epilogue(ins, r, bufs, state, new_state, regs, logits, (argmax, max_acc),
@@ -293,7 +305,7 @@ class GoldenMachine:
                                        "scale_mant": out_scale[0], "scale_shift": out_scale[1],
                                        "n_logits": acc_out.size, "status": 0})
         body = nx.sat32(acc_out).astype("<i4").tobytes()
-        output = head + body + isa.crc32_words(head, body).to_bytes(4, "little")
+        output = _seal(head + body)
         total = dict(self._totals)
         total[Counter.NONZERO_TRITS] = sum(self.nonzero_trits()) if self._nonzero is not None else 0
         return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
@@ -306,12 +318,12 @@ class GoldenMachine:
         h = isa.unpack(TokenHeader, packet)
         if h.magic != isa.TOKEN_MAGIC:
             raise ImageError(ErrorCause.TOKEN_MAGIC, f"token packet magic 0x{h.magic:08x}")
-        if h.length != self.info.hidden or len(packet) != hb + 4 * h.length + 4:
+        if h.length != self.info.hidden or len(packet) != _packet_bytes(h.length, hb):
             raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {h.length} words ({len(packet)} bytes), "
                              f"the image's hidden size is {self.info.hidden}")
         if isa.crc32_words(packet[:-4]) != int.from_bytes(packet[-4:], "little"):
             raise ImageError(ErrorCause.TOKEN_CRC, "token packet CRC mismatch")
-        x = np.frombuffer(packet[hb:-4], dtype="<i4").astype(np.int64)
+        x = np.frombuffer(packet[hb:hb + 4 * h.length], dtype="<i4").astype(np.int64)
         return x, h.flags, h.position
 
     def _epilogue(self, ins, r, bufs, state, new_state, regs, logits, best, where) -> tuple[int, int]:
@@ -341,7 +353,9 @@ class GoldenMachine:
             if o is M.NOP:
                 continue
             if o is M.LD:
-                r[op.dst] = read(op.buf)
+                # a copy: a later ST to the same buffer must not change the loaded register (per-element
+                # semantics: LD reads buf[n] once)
+                r[op.dst] = read(op.buf).copy()
             elif o is M.ST:
                 if op.buf is Buffer.STATE_NEW:
                     tgt = new_state[layer]
