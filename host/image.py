@@ -34,6 +34,7 @@ from hw.numerics import INT32_MAX, INT32_MIN, LUT_RANGE_LOG2
 __all__ = [
     "ImageError", "Instruction", "MicroOpSpec", "ImageInfo", "ParsedImage",
     "assemble", "parse_image", "disassemble", "channel_block_bytes", "channel_rows", "const_section_bytes",
+    "vector_words",
 ]
 
 HEADER_BYTES = isa.layout_bytes(ImageHeader)
@@ -199,21 +200,27 @@ def channel_block_bytes(n: int, k: int, channels: int, packing: TritPacking) -> 
     return out
 
 
+def vector_words(n: int) -> int:
+    """Words a constant vector of ``n`` elements occupies: padded to a whole 64-byte section."""
+    return n + (-n) % (isa.SECTION_BYTES // 4)
+
+
 def const_section_bytes(ins: Instruction) -> int:
-    """Bytes of an instruction's constants section (QC and C0.., padded to whole sections)."""
-    words = (ins.k if InstrFlags.QCONST in ins.flags else 0) + len(ins.consts) * ins.n
-    return 4 * words + isa.section_pad(4 * words)
+    """Bytes of an instruction's constants section: QC (K elements, with QCONST) then C0.. (N each), each
+    vector zero-padded to a whole 64-byte section so every vector starts on a beat boundary."""
+    words = (vector_words(ins.k) if InstrFlags.QCONST in ins.flags else 0) + len(ins.consts) * vector_words(ins.n)
+    return 4 * words
 
 
 def _const_bytes(ins: Instruction) -> bytes:
     parts = ([ins.qconst] if ins.qconst is not None else []) + list(ins.consts)
-    if not parts:
-        return b""
-    v = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
-    if v.size and (v.min() < INT32_MIN or v.max() > INT32_MAX):
-        raise ValueError(f"{ins.name}: a constant does not fit int32")
-    raw = v.astype("<i4").tobytes()
-    return raw + bytes(isa.section_pad(len(raw)))
+    out = bytearray()
+    for p in parts:
+        v = np.asarray(p, dtype=np.int64)
+        if v.size and (v.min() < INT32_MIN or v.max() > INT32_MAX):
+            raise ValueError(f"{ins.name}: a constant does not fit int32")
+        out += v.astype("<i4").tobytes() + bytes(4 * (vector_words(v.size) - v.size))
+    return bytes(out)
 
 
 def assemble(instructions: Sequence[Instruction], *, packing: TritPacking, channels: int, n_layers: int,
@@ -339,8 +346,9 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
                              **where)
         _check_shape(ins, info, n_consts, where)
         q_len = ins.k if InstrFlags.QCONST in ins.flags else 0
-        const_words = q_len + n_consts * ins.n
-        section = 4 * const_words + isa.section_pad(4 * const_words)
+        q_words = vector_words(q_len) if q_len else 0
+        const_words = q_words + n_consts * vector_words(ins.n)
+        section = 4 * const_words
         if pos + section > size:
             raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the constants", offset=pos,
                              instruction=idx)
@@ -350,10 +358,11 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
             if crc != ih.const_crc:
                 raise ImageError(ErrorCause.CONST_CRC, f"constants CRC 0x{ih.const_crc:08x}, computed 0x{crc:08x}",
                                  offset=pos, instruction=idx)
-        words = np.frombuffer(cbytes[:4 * const_words], dtype="<i4").astype(np.int64)
+        words = np.frombuffer(cbytes, dtype="<i4").astype(np.int64)
         if q_len:
             ins.qconst = words[:q_len]
-        ins.consts = [words[q_len + c * ins.n: q_len + (c + 1) * ins.n] for c in range(n_consts)]
+        vw = vector_words(ins.n)
+        ins.consts = [words[q_words + c * vw: q_words + c * vw + ins.n] for c in range(n_consts)]
         pos += section
         wb = ih.weight_bytes
         if ins.opcode is Opcode.GEMV:

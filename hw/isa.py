@@ -46,8 +46,8 @@ scalar unit from ``amax_reg``, ``ssq_reg`` and the instruction's constant ``Cb =
 (``r0 = r1 = x[n]``) and ``END_TOKEN`` commits the recurrent state and emits the output packet.
 
 Per-instruction constant vectors (``QC`` of length K when ``QCONST`` is set, then ``C0..C{n-1}`` of
-length N) follow the instruction header as int32 words, zero-padded to a whole section; ``const_crc``
-is the CRC of that padded section.
+length N) follow the instruction header as int32 words, each vector zero-padded to a whole 64-byte
+section (so every vector starts on a beat boundary); ``const_crc`` is the CRC of the whole section.
 """
 
 
