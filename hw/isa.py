@@ -25,9 +25,11 @@ every section starts on a beat boundary and no beat mixes two sections.
   (16 B), ``hidden`` words of the embedding in the residual format (int32 with the image's
   ``residual_frac`` fraction bits, saturated), zero padding, and a CRC-32 word (over everything before
   it) as the last word of the last 64-byte section.
-* **Output packet** (accelerator -> host, once per token): :class:`OutputHeader` (32 B), then
-  ``n_logits`` int32 words (the LM head's raw accumulators, when requested), zero padding, and the CRC
-  word last, like the token packet.
+* **Output packet** (accelerator -> host, once per token): ``n_logits`` int32 words (the LM head's raw
+  accumulators, when the token asked for them, streamed as they are computed), zero padding, then the
+  :class:`OutputTrailer` (32 B) whose last word is the CRC of everything before it; the whole packet is
+  a multiple of 64 bytes. (A trailer rather than a header: the argmax is known only after the last
+  logit has left.)
 
 CRC-32 is the IEEE 802.3 / zlib CRC (``CRC-32/ISO-HDLC``; Amaranth ``lib.crc.catalog.CRC32_ETHERNET``
 computes the same), taken over whole little-endian words.
@@ -67,7 +69,7 @@ __all__ = [
     "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
     "ACC_BITS", "acc_bits_for",
     "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Counter",
-    "ImageHeader", "TokenHeader", "OutputHeader", "MicroOp", "InstrHeader",
+    "ImageHeader", "TokenHeader", "OutputTrailer", "MicroOp", "InstrHeader",
     "pack", "unpack", "crc32_words", "layout_bytes",
     "pack_trits", "unpack_trits", "packed_trit_bytes", "TRIT_2BIT_CODES",
     "RegisterMap", "REGISTER_MAP", "register_base", "id_block_values",
@@ -257,8 +259,8 @@ class TokenHeader(data.Struct):
     length: unsigned(32)     #: payload words (must equal the image's hidden size)
 
 
-class OutputHeader(data.Struct):
-    """Output packet header, 8 words; ``n_logits`` int32 words and a CRC word follow."""
+class OutputTrailer(data.Struct):
+    """Output packet trailer, 8 words, the packet's last 32 bytes; ``crc`` covers the whole packet before it."""
 
     magic: unsigned(32)
     position: unsigned(32)
@@ -266,8 +268,8 @@ class OutputHeader(data.Struct):
     max_acc: signed(32)           #: its accumulator
     scale_mant: unsigned(32)      #: LM-head dequantization: logit = acc * scale_mant * 2**-scale_shift
     scale_shift: signed(32)
-    n_logits: unsigned(32)
-    status: unsigned(32)          #: 0 = ok (an error stops the token before the output packet)
+    n_logits: unsigned(32)        #: logit words at the start of the packet
+    crc: unsigned(32)
 
 
 class MicroOp(data.Struct):
@@ -516,7 +518,7 @@ def _check_sizes() -> None:
     assert layout_bytes(ImageHeader) == 64
     assert layout_bytes(InstrHeader) == 64
     assert layout_bytes(TokenHeader) == 16
-    assert layout_bytes(OutputHeader) == 32
+    assert layout_bytes(OutputTrailer) == 32
     assert data.Layout.cast(MicroOp).size == 32
     assert math.ceil(math.log2(MAX_N + 1)) <= 16
 

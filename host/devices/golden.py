@@ -25,9 +25,9 @@ from host.model import ModelWeights
 from host.perf import BuildParams, instruction_counters
 from hw import isa
 from hw import numerics as nx
-from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputHeader, TokenHeader
+from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputTrailer, TokenHeader
 
-__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "parse_output_packet",
+__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "make_output_packet", "parse_output_packet",
            "OutputPacket"]
 
 M = MicroOpcode
@@ -142,27 +142,41 @@ class OutputPacket:
 
 
 def parse_output_packet(raw: bytes) -> OutputPacket:
-    """Decode and check an output packet.
+    """Decode and check an output packet (logits, padding, :class:`hw.isa.OutputTrailer`).
 
     Raises
     ------
     ValueError
-        Bad magic, length or CRC.
+        Bad length, magic or CRC.
     """
-    hb = isa.layout_bytes(OutputHeader)
-    if len(raw) < hb + 4:
-        raise ValueError(f"output packet of {len(raw)} bytes is too short")
-    h = isa.unpack(OutputHeader, raw)
-    if h.magic != isa.OUTPUT_MAGIC:
-        raise ValueError(f"output packet magic 0x{h.magic:08x}")
-    n = h.n_logits
-    if len(raw) != _packet_bytes(n, hb):
-        raise ValueError(f"output packet of {len(raw)} bytes, header announces {n} logits")
-    crc = isa.crc32_words(raw[:-4])
-    if crc != int.from_bytes(raw[-4:], "little"):
+    tb = isa.layout_bytes(OutputTrailer)
+    if len(raw) < tb or len(raw) % isa.SECTION_BYTES:
+        raise ValueError(f"output packet of {len(raw)} bytes (a multiple of {isa.SECTION_BYTES} expected)")
+    t = isa.unpack(OutputTrailer, raw[-tb:])
+    if t.magic != isa.OUTPUT_MAGIC:
+        raise ValueError(f"output packet magic 0x{t.magic:08x}")
+    n = t.n_logits
+    if len(raw) != _packet_bytes(n, tb - 4):
+        raise ValueError(f"output packet of {len(raw)} bytes, its trailer announces {n} logits")
+    if isa.crc32_words(raw[:-4]) != t.crc:
         raise ValueError("output packet CRC mismatch")
-    acc = np.frombuffer(raw[hb:hb + 4 * n], dtype="<i4").astype(np.int64)
-    return OutputPacket(h.position, h.argmax, h.max_acc, h.scale_mant, h.scale_shift, acc)
+    acc = np.frombuffer(raw[:4 * n], dtype="<i4").astype(np.int64)
+    return OutputPacket(t.position, t.argmax, t.max_acc, t.scale_mant, t.scale_shift, acc)
+
+
+def make_output_packet(logits_acc: np.ndarray, *, position: int, argmax: int, max_acc: int, scale_mant: int,
+                       scale_shift: int) -> bytes:
+    """An output packet as the accelerator sends it (the golden device's, and the RTL's expected bytes)."""
+    body = nx.sat32(np.asarray(logits_acc, dtype=np.int64)).astype("<i4").tobytes()
+    tb = isa.layout_bytes(OutputTrailer)
+    body += bytes(isa.section_pad(len(body) + tb))
+    trailer = isa.pack(OutputTrailer, {"magic": isa.OUTPUT_MAGIC, "position": position & 0xFFFFFFFF,
+                                       "argmax": argmax, "max_acc": int(np.clip(max_acc, nx.INT32_MIN, nx.INT32_MAX)),
+                                       "scale_mant": scale_mant, "scale_shift": scale_shift,
+                                       "n_logits": int(np.size(logits_acc))})
+    trailer = trailer[:-4]
+    raw = body + trailer
+    return raw + isa.crc32_words(raw).to_bytes(4, "little")
 
 
 # ------------------------------------------------------------------------------------------ machine
@@ -300,12 +314,8 @@ class GoldenMachine:
             raise ImageError(ErrorCause.NO_END, "the program ran off its end")
         want_logits = bool(flags & 1)
         acc_out = np.concatenate(logits) if (logits and want_logits) else np.zeros(0, np.int64)
-        head = isa.pack(OutputHeader, {"magic": isa.OUTPUT_MAGIC, "position": position, "argmax": argmax,
-                                       "max_acc": int(np.clip(max_acc, nx.INT32_MIN, nx.INT32_MAX)),
-                                       "scale_mant": out_scale[0], "scale_shift": out_scale[1],
-                                       "n_logits": acc_out.size, "status": 0})
-        body = nx.sat32(acc_out).astype("<i4").tobytes()
-        output = _seal(head + body)
+        output = make_output_packet(acc_out, position=position, argmax=argmax, max_acc=max_acc,
+                                    scale_mant=out_scale[0], scale_shift=out_scale[1])
         total = dict(self._totals)
         total[Counter.NONZERO_TRITS] = sum(self.nonzero_trits()) if self._nonzero is not None else 0
         return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,

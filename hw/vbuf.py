@@ -1,0 +1,127 @@
+"""Banked on-chip vector buffer: one element or an aligned group of elements per cycle, either way.
+
+The accelerator's vectors are written and read at different widths: the epilogue writes and reads one
+element per cycle, the quantize prologue reads ``quant_lanes`` consecutive elements per cycle, and the
+sequencer writes a constant vector a whole bus beat (``bus_bits / 32`` elements) per cycle. Element
+``e`` lives in bank ``e % banks`` at row ``e // banks``; with ``banks`` a power of two at least as large as
+every group width, an aligned group of ``g`` elements occupies ``g`` distinct banks of one row, so
+each bank needs one write port and two read ports (narrow and wide), as a block RAM provides.
+"""
+
+from amaranth.hdl import Const, Module, Signal, signed
+from amaranth.lib import data, memory, wiring
+from amaranth.lib.wiring import Out
+from amaranth.utils import ceil_log2
+
+__all__ = ["VectorBuffer"]
+
+INT32 = signed(32)
+
+
+def _pow2(name: str, v: int) -> None:
+    if not isinstance(v, int) or v < 1 or v & (v - 1):
+        raise ValueError(f"{name} must be a power of two >= 1, got {v!r}")
+
+
+class VectorBuffer(wiring.Component):
+    """A vector of int32 elements in ``banks`` memories.
+
+    Parameters
+    ----------
+    depth : int
+        Elements (capacity).
+    banks : int
+        Power of two, >= ``write_group`` and ``read_group``.
+    write_group : int
+        Elements written at once by ``wr_wide`` (power of two; 1 disables the port).
+    read_group : int
+        Elements read at once by ``rd_wide`` (power of two; 1 disables the port).
+
+    Attributes
+    ----------
+    wr : WritePort.Signature(addr = element index, data int32)
+        One element per cycle (priority over ``wr_wide``).
+    rd : ReadPort.Signature(addr = element index, data int32)
+        One element, one cycle after ``addr`` (sync read, ``en`` honoured).
+    wr_wide : WritePort.Signature(addr = group index, data ArrayLayout(int32, write_group))
+    rd_wide : ReadPort.Signature(addr = group index, data ArrayLayout(int32, read_group))
+    """
+
+    def __init__(self, *, depth: int, banks: int, write_group: int = 1, read_group: int = 1):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        for name, v in (("banks", banks), ("write_group", write_group), ("read_group", read_group)):
+            _pow2(name, v)
+        if banks < max(write_group, read_group):
+            raise ValueError(f"banks ({banks}) must be >= write_group ({write_group}) and read_group ({read_group})")
+        self._depth, self._banks, self._wg, self._rg = depth, banks, write_group, read_group
+        self._rows = -(-depth // banks)
+        aw = ceil_log2(max(depth, 2))
+        super().__init__({
+            "wr": Out(memory.WritePort.Signature(addr_width=aw, shape=INT32)),
+            "rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=INT32)),
+            "wr_wide": Out(memory.WritePort.Signature(addr_width=ceil_log2(max(-(-depth // write_group), 2)),
+                                                      shape=data.ArrayLayout(INT32, write_group))),
+            "rd_wide": Out(memory.ReadPort.Signature(addr_width=ceil_log2(max(-(-depth // read_group), 2)),
+                                                     shape=data.ArrayLayout(INT32, read_group))),
+        })
+
+    depth = property(lambda self: self._depth)
+    banks = property(lambda self: self._banks)
+
+    def elaborate(self, platform):
+        m = Module()
+        b, wg, rg = self._banks, self._wg, self._rg
+        lb = ceil_log2(b)
+        mems = []
+        for k in range(b):
+            mem = memory.Memory(shape=INT32, depth=self._rows, init=[])
+            m.submodules[f"bank{k}"] = mem
+            mems.append(mem)
+        # one write port per bank: the narrow write wins over the wide one
+        lwg, lrg = ceil_log2(wg), ceil_log2(rg)
+        wide_first = self.wr_wide.addr << lwg          # element index of the group's first element
+        for k, mem in enumerate(mems):
+            w = mem.write_port()
+            narrow = self.wr.en & (self.wr.addr[:lb] == k) if lb else self.wr.en
+            lane = k % wg
+            wide_row = wide_first >> lb
+            if wg > 1:
+                wide = self.wr_wide.en & ((wide_first[:lb] == (k - lane)) if lb > lwg else Const(1))
+            else:
+                wide = Const(0)
+            with m.If(narrow):
+                m.d.comb += [w.addr.eq(self.wr.addr >> lb), w.data.eq(self.wr.data), w.en.eq(1)]
+            with m.Elif(wide):
+                m.d.comb += [w.addr.eq(wide_row), w.data.eq(self.wr_wide.data[lane]), w.en.eq(1)]
+        # narrow read: bank select registered with the read
+        sel = Signal(max(lb, 1))
+        with m.If(self.rd.en):
+            m.d.sync += sel.eq(self.rd.addr[:lb] if lb else 0)
+        rdata = []
+        for mem in mems:
+            r = mem.read_port()
+            m.d.comb += [r.addr.eq(self.rd.addr >> lb), r.en.eq(self.rd.en)]
+            rdata.append(r.data)
+        with m.Switch(sel):
+            for k in range(b):
+                with m.Case(k):
+                    m.d.comb += self.rd.data.eq(rdata[k])
+        # wide read: an aligned group of rg elements of one row
+        if rg > 1:
+            gsel = Signal(max(lb - lrg, 1))
+            first = self.rd_wide.addr << lrg
+            row = first >> lb
+            with m.If(self.rd_wide.en):
+                m.d.sync += gsel.eq(first[lrg:lb] if lb > lrg else 0)
+            wdata = []
+            for mem in mems:
+                r = mem.read_port()
+                m.d.comb += [r.addr.eq(row), r.en.eq(self.rd_wide.en)]
+                wdata.append(r.data)
+            groups = b // rg
+            with m.Switch(gsel):
+                for g in range(groups):
+                    with m.Case(g):
+                        m.d.comb += [self.rd_wide.data[j].eq(wdata[g * rg + j]) for j in range(rg)]
+        return m
