@@ -28,8 +28,6 @@ import datetime
 import json
 import math
 import os
-import platform
-import resource
 import shlex
 import shutil
 import subprocess
@@ -39,16 +37,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for _p in (REPO, REPO / "bench"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from _common import git_info, machine_info, peak_rss_bytes, write_json  # noqa: E402
 
 SHAPE_2P7B = {"hidden": 2560, "intermediate": 6912, "layers": 32, "vocab": 32000}
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, bytes (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def make_config(args: argparse.Namespace):
@@ -104,40 +99,6 @@ def run_child(phase: str, args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def git_info() -> dict:
-    def git(*a: str) -> str | None:
-        try:
-            r = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return r.stdout.strip() if r.returncode == 0 else None
-
-    status = git("status", "--porcelain")
-    return {"revision": git("rev-parse", "HEAD") or "unknown (no commit)",
-            "dirty": bool(status) if status is not None else None}
-
-
-def machine_info() -> dict:
-    mem = None
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        pass
-    cpu = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import numpy as np
-
-    return {"platform": platform.platform(), "machine": platform.machine(), "cpu": cpu,
-            "cpu_count": os.cpu_count(), "memory_bytes": mem, "python": platform.python_version(),
-            "numpy": np.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                          + ("" if same_widths else " - NOT representative: this run has other widths")),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"  loaded in {load['wall_s']:.1f} s, peak RSS {load['peak_rss_bytes'] / 1e9:.2f} GB "
           f"(baseline {load['baseline_rss_bytes'] / 1e9:.2f}, result {load['result_bytes'] / 1e9:.2f}, "
           f"overhead {overhead / 1e9:.2f}); wrote {args.out}", file=sys.stderr)

@@ -1,40 +1,87 @@
 """Cycle model of the accelerator and the decode roofline of DESIGN.md section 4.
 
 The golden device predicts every counter of :class:`hw.isa.Counter` per instruction from this model;
-the RTL's counters are compared against it. The model is the datapath's schedule written down:
+the RTL's counters are compared against it. The model is the datapath's schedule written down. The
+default schedule (every option of :class:`BuildParams` off, the **serial** schedule) is, per
+instruction::
 
-* the instruction header and its constants arrive on channel 0 at one beat per cycle;
-* a GEMV that forms new codes pays the scalar unit (:data:`SCALAR_CYCLES`: integer square root and one
-  division) and the quantize prologue (``ceil(K / quant_lanes)`` cycles plus :data:`QUANT_LATENCY`):
-  together the absmax barrier;
+    GEMV        cycles = header + prologue + body + drain
+      header    = ceil((64 + const_section_bytes) / beat_bytes)                all on channel 0
+      prologue  = SCALAR_CYCLES + ceil(K / quant_lanes) + QUANT_LATENCY       0 with REUSE_CODES
+      body      = max(N, max over channels c of max(rows_c * ceil(K / lanes_per_channel),
+                                                    ceil(block_bytes_c / beat_bytes)))
+      drain     = GEMV_LATENCY + ceil(log2(lanes_per_channel)) + EPILOGUE_LATENCY + DONE_LATENCY
+    LOAD_TOKEN  cycles = header (+ the 64-byte image header) + max(token packet beats, H)
+                         + EPILOGUE_LATENCY + DONE_LATENCY
+    END_TOKEN   cycles = header + OUTPUT_CYCLES       output packet (one 64-byte section, 32-bit stream), commit
+
+(``const_section_bytes``, :func:`host.image.const_section_bytes`: the QC vector (K words) and n_consts
+vectors of N words, each padded to a whole 64-byte section; weight blocks and packets are padded to
+64-byte sections too, :data:`hw.isa.SECTION_BYTES`.)
+
+* the instruction header and its constants arrive on channel 0 at one beat per cycle, after the previous
+  instruction has finished;
+* a GEMV that forms new codes pays the scalar unit (:data:`SCALAR_CYCLES`: ``127/A`` and the integer
+  square root in parallel, then one division) and the quantize prologue: together the absmax barrier;
 * each channel's lane group (``lanes / channels`` lanes) computes its rows, one row at a time, in
   ``ceil(K / lanes_per_channel)`` cycles per row, while its weight stream delivers one beat per cycle;
-  the slower of the two binds; the adder tree and the epilogue pipeline add a fixed drain latency;
-* LOAD_TOKEN streams the token packet; END_TOKEN sends the output packet.
+  the slower of the two binds; the epilogue accepts one element per cycle (so ``N`` is a floor on the
+  body); the adder tree and the epilogue pipeline add a fixed drain latency;
+* LOAD_TOKEN streams the token packet through its epilogue (one element per cycle); END_TOKEN sends the
+  output packet.
+
+The options of :class:`BuildParams` (``overlap_headers``, ``stripe_consts``, ``overlap_prologue``,
+``stream_prologue``) model proposed schedule changes (docs/PERFORMANCE_MODEL.md says what each needs in
+hardware and in the image layout); with any of them on, a token is scheduled as a timeline
+(:func:`schedule`) in which an instruction's cost depends on the ones before it, so use
+:func:`token_counters` rather than :func:`instruction_counters`.
 
 Stream efficiency (DESIGN.md section 3) is
 ``max(image bytes / (channels * beat bytes), trits / lanes) / cycles`` over a whole token.
+
+Model programs of any shape (the released 370M, 1.3B and 2.7B included) are described without weights
+by :func:`program_shapes`: the instruction shapes that :func:`host.compiler.compile_program` emits,
+their image size and their counters, exactly as for a compiled image of that shape.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 
 from hw import isa
-from hw.isa import Counter, InstrFlags, Opcode, TritPacking
+from hw.isa import Buffer, Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 
-__all__ = ["BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "QUANT_LATENCY", "instruction_counters",
-           "stream_efficiency", "roofline"]
+__all__ = [
+    "BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "RECIP_CYCLES", "QUANT_LATENCY", "EPILOGUE_LATENCY",
+    "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "instruction_counters", "token_counters",
+    "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "InstrShape", "ProgramShape",
+    "program_shapes", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
+]
 
-SCALAR_CYCLES = 64     #: isqrt of the 64-bit sum of squares (32) + a 25-bit quotient division (26) + 6
-QUANT_LATENCY = 4      #: quantize prologue pipeline
-EPILOGUE_LATENCY = 2 * isa.MAX_OPS + 4  #: two pipeline stages per micro-op, plus dequantization
+SCALAR_CYCLES = 64     #: isqrt of the 64-bit sum of squares (32, in parallel with 127/A) + a 25-bit division (26) + 6
+RECIP_CYCLES = 32      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 6
+QUANT_LATENCY = 4      #: quantize prologue pipeline (hw/quant.py)
+#: Epilogue pipeline, element in to element out: entry (4) + 6 stages per micro-op slot (hw/epilogue.py)
+EPILOGUE_LATENCY = 4 + 6 * isa.MAX_OPS
+#: GEMV engine after the adder tree's ceil(log2(lanes_per_channel)) levels: code read, lane terms,
+#: accumulator, output FIFO (hw/gemv.py ``latency = tree_levels + 5``)
+GEMV_LATENCY = 5
+DONE_LATENCY = 2       #: the epilogue's ``done`` strobe after the last element's exit (hw/epilogue.py: 1-2)
+IMAGE_HEADER_BYTES = isa.layout_bytes(isa.ImageHeader)    #: 64
+INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)    #: 64
+#: END_TOKEN after the header: the output packet without logits (one 64-byte section: header, padding, CRC)
+#: on a 32-bit output stream, then the state commit
+OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + 1
+
+#: The schedule options of :class:`BuildParams` (all False: the serial schedule, the default).
+SCHEDULE_OPTIONS = ("overlap_headers", "stripe_consts", "overlap_prologue", "stream_prologue")
 
 
 @dataclass(frozen=True)
 class BuildParams:
-    """Build parameters of an accelerator instance (the ID block reports them).
+    """Build parameters of an accelerator instance (the ID block reports them) and its schedule.
 
     Attributes
     ----------
@@ -43,11 +90,38 @@ class BuildParams:
     channels : int
         AXI4-Stream weight channels.
     bus_bits : int
-        ``tdata`` width of each weight channel (64-512).
+        ``tdata`` width of each weight channel (a multiple of 32).
     quant_lanes : int
         Codes formed per cycle by the quantize prologue.
     fmax_mhz : float
         Clock, for time and roofline figures.
+    overlap_headers : bool
+        Proposed (default False). The stream reader runs ahead of the lanes through a weight FIFO of
+        ``fifo_beats`` beats per channel, and headers/constants go to a double-buffered header unit: the
+        next instruction's header and constants stream while the current GEMV computes (in the channel's
+        idle beats) and while its epilogue drains, and a GEMV's first weights stream during its prologue.
+    stripe_consts : bool
+        Proposed (default False; an image layout change). The constant words are split over all channels
+        (``C0..C3`` row ``r`` on the channel that carries row ``r``, ``QC`` word ``k`` on channel
+        ``k % channels``); the 64-byte instruction header stays on channel 0.
+    overlap_prologue : bool
+        Proposed (default False). Double-buffered codes and an epilogue that carries an instruction tag per
+        element: a GEMV whose source buffer and reduction registers the previous instruction does not write
+        (f_proj, g_proj) forms its codes while the previous GEMV computes, and its body starts when the
+        lanes are free, not when the previous epilogue has drained.
+    stream_prologue : bool
+        Proposed (default False). The quantize pass feeds the lanes directly, one chunk ahead of the first
+        row, instead of finishing before the GEMV starts: the barrier costs :data:`RECIP_CYCLES` +
+        :data:`QUANT_LATENCY` (+ ``ceil(K / quant_lanes) - ceil(K / lanes_per_channel)`` when the pass is
+        slower than the first row); the dequantization scale is finished during the first rows.
+    fifo_beats : int
+        Weight FIFO depth per channel in beats (used with ``overlap_headers``).
+
+    Raises
+    ------
+    ValueError
+        A non-positive or non-integer size, ``lanes`` not a multiple of ``channels``, ``bus_bits`` not a
+        multiple of 32, or a schedule option that is not a bool.
     """
 
     lanes: int = 64
@@ -55,16 +129,33 @@ class BuildParams:
     bus_bits: int = 64
     quant_lanes: int = 8
     fmax_mhz: float = 100.0
+    overlap_headers: bool = False
+    stripe_consts: bool = False
+    overlap_prologue: bool = False
+    stream_prologue: bool = False
+    fifo_beats: int = 1024
 
     def __post_init__(self):
         for name in ("lanes", "channels", "bus_bits", "quant_lanes"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if self.lanes % self.channels:
             raise ValueError(f"lanes ({self.lanes}) must be a multiple of channels ({self.channels})")
         if self.bus_bits % 32:
             raise ValueError(f"bus_bits must be a multiple of 32, got {self.bus_bits}")
+        if not (isinstance(self.fmax_mhz, (int, float)) and self.fmax_mhz > 0):
+            raise ValueError(f"fmax_mhz must be positive, got {self.fmax_mhz!r}")
+        for name in SCHEDULE_OPTIONS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.fifo_beats, int) or isinstance(self.fifo_beats, bool) or self.fifo_beats < 0:
+            raise ValueError(f"fifo_beats must be a non-negative integer, got {self.fifo_beats!r}")
+
+    @classmethod
+    def overlapped(cls, **kw) -> BuildParams:
+        """A build with every proposed schedule option on (``kw`` sets the rest)."""
+        return cls(**{**{name: True for name in SCHEDULE_OPTIONS}, **kw})
 
     @property
     def beat_bytes(self) -> int:
@@ -74,6 +165,16 @@ class BuildParams:
     def lanes_per_channel(self) -> int:
         return self.lanes // self.channels
 
+    @property
+    def serial(self) -> bool:
+        """True for the default schedule (no proposed option on)."""
+        return not any(getattr(self, name) for name in SCHEDULE_OPTIONS)
+
+    @property
+    def context_free(self) -> bool:
+        """True when an instruction's counters do not depend on the instructions before it."""
+        return not (self.overlap_headers or self.overlap_prologue)
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -82,51 +183,399 @@ def _beats(nbytes: int, beat_bytes: int) -> int:
     return -(-nbytes // beat_bytes)
 
 
-def instruction_counters(ins, info, build: BuildParams) -> dict[Counter, int]:
-    """Predicted counters of one parsed instruction (:class:`host.image.Instruction`).
+def drain_cycles(build: BuildParams) -> int:
+    """GEMV pipeline (adder tree included) plus epilogue pipeline plus ``done``: cycles from a GEMV's last
+    lane cycle to the end of its last epilogue write."""
+    return GEMV_LATENCY + (build.lanes_per_channel - 1).bit_length() + EPILOGUE_LATENCY + DONE_LATENCY
+
+
+# ------------------------------------------------------------------------------------------- shapes
+@dataclass(frozen=True)
+class InstrShape:
+    """The shape of one instruction: every field the cycle model reads, without weights or constants.
+
+    Attributes match :class:`host.image.Instruction`; ``n_consts`` replaces the ``consts`` list,
+    ``stores`` and ``reduces`` replace the micro-ops (the buffers and reduction registers the epilogue
+    writes, which is all the schedule needs to know about them).
+    """
+
+    opcode: Opcode
+    name: str = ""
+    flags: InstrFlags = InstrFlags(0)
+    layer: int = 0
+    n: int = 0
+    k: int = 0
+    n_consts: int = 0
+    src: Buffer = Buffer.X
+    amax_reg: int = 0
+    ssq_reg: int = 0
+    stores: frozenset[Buffer] = frozenset()
+    reduces: frozenset[int] = frozenset()
+
+    @property
+    def consts(self) -> tuple[None, ...]:
+        """Placeholders for the constant vectors: without weights only their number is known (enough
+        for :func:`host.image.const_section_bytes` and the cycle model)."""
+        return (None,) * self.n_consts
+
+
+def _n_consts(ins) -> int:
+    n = getattr(ins, "n_consts", None)
+    return len(ins.consts) if n is None else n
+
+
+def _writes(ins) -> tuple[frozenset[Buffer], frozenset[int]]:
+    """Buffers and reduction registers an instruction's epilogue writes."""
+    if isinstance(ins, InstrShape):
+        return ins.stores, ins.reduces
+    stores = frozenset(op.buf for op in ins.ops if op.op is MicroOpcode.ST)
+    regs = frozenset(op.reg for op in ins.ops if op.op in (MicroOpcode.SSQ, MicroOpcode.AMAX))
+    return stores, regs
+
+
+def header_bytes(ins, channels: int, stripe: bool = False) -> list[int]:
+    """Bytes of an instruction's header and constants section on each channel.
+
+    Image layout today (:func:`host.image.const_section_bytes`): the 64-byte header and the constants
+    section (``QC`` then ``C0..``, each vector padded to whole 64-byte sections) on channel 0. With
+    ``stripe`` (:attr:`BuildParams.stripe_consts`, a proposed layout): the header on channel 0, ``QC``
+    word ``k`` on channel ``k % channels`` and constant rows on the channel carrying that row, each
+    channel's share of each vector padded to whole sections.
+    """
+    from host.image import channel_rows, const_section_bytes
+
+    if not stripe or channels == 1:
+        return [INSTR_HEADER_BYTES + const_section_bytes(ins)] + [0] * (channels - 1)
+
+    def vector(n: int) -> int:
+        return 4 * n + isa.section_pad(4 * n)
+
+    q = InstrFlags.QCONST in ins.flags
+    nc = _n_consts(ins)
+    return [(INSTR_HEADER_BYTES if c == 0 else 0) + (vector(len(range(c, ins.k, channels))) if q else 0)
+            + nc * vector(channel_rows(ins.n, channels, c)) for c in range(channels)]
+
+
+def instruction_bytes(ins, packing: TritPacking, channels: int) -> int:
+    """Image bytes of one instruction: 64-byte header, constants section, weight blocks (all padded to
+    64-byte sections, as :func:`host.image.assemble` lays them out)."""
+    from host.image import channel_block_bytes
+
+    total = sum(header_bytes(ins, channels))
+    if ins.opcode is Opcode.GEMV:
+        total += sum(channel_block_bytes(ins.n, ins.k, channels, packing))
+    return total
+
+
+def token_packet_bytes(hidden: int) -> int:
+    """Bytes of a token packet: 16-byte header, ``hidden`` words, CRC word, padded to 64-byte sections."""
+    n = isa.layout_bytes(isa.TokenHeader) + 4 * hidden + 4
+    return n + isa.section_pad(n)
+
+
+@dataclass(frozen=True)
+class ProgramShape:
+    """A whole model program as shapes: what :func:`host.compiler.compile_model` would emit for a model of
+    this shape, without weights. It also serves as the ``info`` argument of the cycle model (it has
+    ``packing`` and ``channels``).
+
+    Attributes
+    ----------
+    hidden, intermediate, n_layers, vocab : int
+    packing : TritPacking
+    channels : int
+    instructions : tuple of InstrShape
+    """
+
+    hidden: int
+    intermediate: int
+    n_layers: int
+    vocab: int
+    packing: TritPacking
+    channels: int
+    instructions: tuple[InstrShape, ...] = field(repr=False)
+
+    @property
+    def image_bytes(self) -> int:
+        """Exactly ``len(compile_model(...))`` for a model of this shape, packing and channel count."""
+        return IMAGE_HEADER_BYTES + sum(instruction_bytes(i, self.packing, self.channels) for i in self.instructions)
+
+    @property
+    def trits(self) -> int:
+        return sum(i.n * i.k for i in self.instructions if i.opcode is Opcode.GEMV)
+
+    @property
+    def weight_bytes(self) -> int:
+        from host.image import channel_block_bytes
+
+        return sum(sum(channel_block_bytes(i.n, i.k, self.channels, self.packing))
+                   for i in self.instructions if i.opcode is Opcode.GEMV)
+
+    def layer_slice(self, layer: int) -> slice:
+        """Indices of layer ``layer``'s seven GEMVs in :attr:`instructions`."""
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer {layer} of a {self.n_layers}-layer program")
+        return slice(1 + 7 * layer, 1 + 7 * (layer + 1))
+
+
+def program_shapes(hidden: int, intermediate: int, n_layers: int, vocab: int, *,
+                   packing: TritPacking = TritPacking.BASE3, channels: int = 1,
+                   output_gate: str = "released") -> ProgramShape:
+    """The instruction shapes of a model program, as :func:`host.compiler.compile_program` emits them.
+
+    ``LOAD_TOKEN`` (the first layer's reductions: SSQ + three AMAX constants), then per layer the GEMVs
+    i, f, g, o (H x H), gate_proj as two halves (I x H, the second with ``REUSE_CODES``) and down_proj
+    (H x I), then the LM head (V x H, ``LOGITS``) and ``END_TOKEN``; flags, constant-vector counts, source
+    buffers, reduction registers and written buffers are the compiler's. Nothing of size ``H x H`` is
+    allocated: the 2.7B program is a few hundred small objects.
 
     Parameters
     ----------
-    ins : host.image.Instruction
-    info : host.image.ImageInfo
-    build : BuildParams
-    """
-    from host.image import channel_block_bytes, channel_rows, const_section_bytes
+    hidden, intermediate, n_layers, vocab : int
+        Model shape (``HGRNBitConfig`` fields ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
+        ``vocab_size``).
+    packing : TritPacking
+    channels : int
+        Weight channels (1-16).
+    output_gate : {"released", "paper"}
+        g_proj carries two constant vectors with the released output gate, one with the paper's.
 
+    Raises
+    ------
+    ValueError
+        On a non-positive dimension, a shape beyond :mod:`hw.isa`'s limits, or a bad option.
+    """
+    for name, v, lim in (("hidden", hidden, isa.MAX_HIDDEN), ("intermediate", intermediate, isa.MAX_INTERMEDIATE),
+                         ("n_layers", n_layers, isa.MAX_LAYERS), ("vocab", vocab, isa.MAX_VOCAB)):
+        if not isinstance(v, int) or not 1 <= v <= lim:
+            raise ValueError(f"{name} must be an integer in 1..{lim}, got {v!r}")
+    if not 1 <= channels <= 16:
+        raise ValueError(f"channels must be in 1..16, got {channels}")
+    if output_gate not in ("released", "paper"):
+        raise ValueError(f"output_gate must be 'released' or 'paper', got {output_gate!r}")
+    H, inter, V = hidden, intermediate, vocab
+    G, Q, R, L = Opcode.GEMV, InstrFlags.QCONST, InstrFlags.REUSE_CODES, InstrFlags.LOGITS
+    X, A, P, SN = Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW
+    fs = frozenset
+
+    def next_consumers(idx: int) -> int:
+        return 3 if idx < n_layers else 1
+
+    c0 = next_consumers(0)
+    prog = [InstrShape(Opcode.LOAD_TOKEN, "load_token", n=H, n_consts=1 + c0, stores=fs({X}),
+                       reduces=fs(range(1 + c0)))]
+    for li in range(n_layers):
+        pre = f"layers.{li}"
+        cn = next_consumers(li + 1)
+        prog += [
+            InstrShape(G, f"{pre}.attn.i_proj", Q, li, H, H, 0, X, 1, 0, fs({A}), fs()),
+            InstrShape(G, f"{pre}.attn.f_proj", Q, li, H, H, 1, X, 2, 0, fs({SN}), fs()),
+            InstrShape(G, f"{pre}.attn.g_proj", Q, li, H, H, 2 if output_gate == "released" else 1, X, 3, 0,
+                       fs({P}), fs({4, 5})),
+            InstrShape(G, f"{pre}.attn.o_proj", Q, li, H, H, 2, P, 5, 4, fs({X}), fs({6, 7})),
+            InstrShape(G, f"{pre}.mlp.gate_proj[:I]", Q, li, inter, H, 0, X, 7, 6, fs({A}), fs()),
+            InstrShape(G, f"{pre}.mlp.gate_proj[I:]", R, li, inter, H, 1, X, 7, 6, fs({P}), fs({4, 5})),
+            InstrShape(G, f"{pre}.mlp.down_proj", Q, li, H, inter, 1 + cn, P, 5, 4, fs({X}), fs(range(1 + cn))),
+        ]
+    prog += [InstrShape(G, "lm_head", Q | L, 0, V, H, 0, X, 1, 0, fs(), fs()),
+             InstrShape(Opcode.END_TOKEN, "end_token")]
+    return ProgramShape(hidden=H, intermediate=inter, n_layers=n_layers, vocab=V, packing=TritPacking(packing),
+                        channels=channels, instructions=tuple(prog))
+
+
+# ------------------------------------------------------------------------------------------- schedule
+@dataclass(frozen=True)
+class Step:
+    """One instruction in the token's timeline (cycles from the token packet's first beat).
+
+    ``header + prologue + body + drain == counters[Counter.CYCLES]``: the critical-path cycles this
+    instruction adds after the previous one finished, split by cause (``header``: waiting for the header
+    and constants; ``prologue``: the scalar unit and quantize barrier; ``body``: the lanes or the weight
+    stream; ``drain``: adder tree and epilogue pipeline, or the output packet).
+    """
+
+    counters: dict[Counter, int]
+    start: int        #: first lane cycle (GEMV) or epilogue start
+    done: int         #: last epilogue write (the instruction is complete)
+    header: int
+    prologue: int
+    body: int
+    drain: int
+
+
+@dataclass
+class _Timeline:
+    channels: int
+    done: int = 0
+    lanes_free: int = 0
+    quant_free: int = 0
+    done_before: int = 0        #: completion of the instruction before the previous one
+    bank: int = 0               #: code buffer the previous GEMV used
+    bank_free: list[int] = field(default_factory=lambda: [0, 0])
+    ch_free: list[int] = field(default_factory=list)
+    prev: object = None
+
+    def __post_init__(self):
+        if not self.ch_free:
+            self.ch_free = [0] * self.channels
+
+
+def _depends(ins, prev) -> bool:
+    """True when ``ins``'s prologue needs the previous instruction's epilogue to have finished."""
+    if prev is None or prev.opcode is not Opcode.GEMV:
+        return True
+    stores, regs = _writes(prev)
+    return ins.src in stores or ins.amax_reg in regs or ins.ssq_reg in regs
+
+
+def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
+    from host.image import channel_block_bytes, channel_rows
+
+    if info.channels != build.channels:
+        raise ValueError(f"image has {info.channels} channel(s), the build {build.channels}")
     c = {k: 0 for k in Counter}
     c[Counter.INSTRUCTIONS] = 1
-    head_beats = _beats(64 + const_section_bytes(ins), build.beat_bytes)
-    c[Counter.STREAM_BEATS] += head_beats
-    cycles = head_beats
+    beat = build.beat_bytes
+    hbytes = header_bytes(ins, build.channels, build.stripe_consts)
+    if ins.opcode is Opcode.LOAD_TOKEN:
+        hbytes[0] += IMAGE_HEADER_BYTES   # the image header precedes the program's first instruction
+    head = [_beats(b, beat) for b in hbytes]
+    c[Counter.STREAM_BEATS] += sum(head)
+    if build.overlap_headers:
+        # double-buffered header unit: this header replaces the one of the instruction before the previous
+        head_done_ch = [max(tl.ch_free[ch], tl.done_before) + h for ch, h in enumerate(head)]
+    else:
+        head_done_ch = [tl.done + h for h in head]
+    head_done = max(head_done_ch)
+    t0 = tl.done
+    new_ch = [max(t, d) for t, d in zip(tl.ch_free, head_done_ch, strict=True)]
+
     if ins.opcode is Opcode.GEMV:
-        if InstrFlags.REUSE_CODES not in ins.flags:
+        lpc = build.lanes_per_channel
+        per_row = math.ceil(ins.k / lpc)
+        dependent = _depends(ins, tl.prev)
+        quant_free = tl.quant_free
+        ext = 0
+        bank = tl.bank
+        if InstrFlags.REUSE_CODES in ins.flags:
+            codes_at = head_done
+        else:
+            bank = 1 - tl.bank if build.overlap_prologue else 0   # double-buffered codes
+            qc = math.ceil(ins.k / build.quant_lanes) + QUANT_LATENCY
             c[Counter.SCALAR_CYCLES] = SCALAR_CYCLES
-            c[Counter.QUANT_CYCLES] = math.ceil(ins.k / build.quant_lanes) + QUANT_LATENCY
-            cycles += SCALAR_CYCLES + c[Counter.QUANT_CYCLES]
-        blocks = channel_block_bytes(ins.n, ins.k, info.channels, info.packing)
-        per_row = math.ceil(ins.k / build.lanes_per_channel)
-        body, stall = 0, 0
-        for ch, nb in enumerate(blocks):
-            compute = channel_rows(ins.n, info.channels, ch) * per_row
-            beats = _beats(nb, build.beat_bytes)
+            c[Counter.QUANT_CYCLES] = qc
+            ready = tl.done if (dependent or not build.overlap_prologue) else 0
+            pro_start = max(head_done, ready, tl.quant_free, tl.bank_free[bank])
+            if build.stream_prologue:
+                codes_at = pro_start + RECIP_CYCLES + QUANT_LATENCY
+                ext = max(0, math.ceil(ins.k / build.quant_lanes) - per_row)
+                quant_free = pro_start + RECIP_CYCLES + qc
+            else:
+                codes_at = pro_start + SCALAR_CYCLES + qc
+                quant_free = codes_at
+        start = max(codes_at, tl.lanes_free if build.overlap_prologue else tl.done)
+        end = start + ins.n   # the epilogue takes one element per cycle
+        stall = 0
+        for ch, nb in enumerate(channel_block_bytes(ins.n, ins.k, info.channels, info.packing)):
+            beats = _beats(nb, beat)
             c[Counter.STREAM_BEATS] += beats
-            body = max(body, compute, beats)
-            stall = max(stall, beats - compute)
-        c[Counter.GEMV_CYCLES] = body
-        c[Counter.STREAM_STALLS] = max(stall, 0)
+            compute = channel_rows(ins.n, info.channels, ch) * per_row + ext
+            if build.overlap_headers:
+                # the stream may run ahead of the lanes by the FIFO, never further
+                behind = math.ceil(compute * max(0, beats - build.fifo_beats) / beats) if beats else 0
+                s_end = max(max(head_done_ch[ch], start - build.fifo_beats) + beats, start + behind)
+            else:
+                s_end = start + beats
+            lanes_end = max(start + compute, s_end)
+            stall = max(stall, lanes_end - start - compute)
+            new_ch[ch] = s_end
+            end = max(end, lanes_end)
+        c[Counter.GEMV_CYCLES] = end - start
+        c[Counter.STREAM_STALLS] = stall
         c[Counter.TRITS] = ins.n * ins.k
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
-        cycles += body + EPILOGUE_LATENCY + math.ceil(math.log2(max(build.lanes_per_channel, 2)))
+        done = end + drain_cycles(build)
+        tl.quant_free = quant_free
+        tl.lanes_free = end
+        tl.bank = bank
+        tl.bank_free[bank] = end
     elif ins.opcode is Opcode.LOAD_TOKEN:
-        tok_bytes = 16 + 4 * ins.n + 4
-        tok = _beats(tok_bytes + isa.section_pad(tok_bytes), build.beat_bytes)
+        tok = _beats(token_packet_bytes(ins.n), beat)
+        start = max(head_done, tl.done)
+        end = start + max(tok, ins.n)   # the token streams through the epilogue, one element per cycle
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
-        cycles += tok + EPILOGUE_LATENCY
+        done = end + EPILOGUE_LATENCY + DONE_LATENCY
+        new_ch[0] = max(new_ch[0], start + tok)
+        tl.lanes_free = done
     elif ins.opcode is Opcode.END_TOKEN:
         c[Counter.TOKENS] = 1
-        cycles += 8 + 1 + 1  # output header, CRC, commit
-    c[Counter.CYCLES] = cycles
-    return c
+        start = end = max(head_done, tl.done)
+        done = end + OUTPUT_CYCLES
+        tl.lanes_free = done
+    else:
+        raise ValueError(f"no cycle model for opcode {ins.opcode!r}")
+    c[Counter.CYCLES] = done - t0
+    tl.done_before = tl.done
+    tl.ch_free = new_ch
+    tl.done = done
+    tl.prev = ins
+    t1 = max(t0, head_done)
+    t2 = max(t1, start)
+    return Step(counters=c, start=start, done=done, header=t1 - t0, prologue=t2 - t1, body=max(0, end - t2),
+                drain=done - max(end, t2))
+
+
+def schedule(instructions: Sequence, info, build: BuildParams) -> list[Step]:
+    """The timeline of one token: one :class:`Step` per instruction, in program order.
+
+    Parameters
+    ----------
+    instructions : sequence of host.image.Instruction or InstrShape
+        A parsed image's instructions (:attr:`host.image.ParsedImage.instructions`) or
+        :attr:`ProgramShape.instructions`.
+    info : host.image.ImageInfo or ProgramShape
+        Supplies ``packing`` and ``channels``.
+    build : BuildParams
+        Must have ``build.channels == info.channels``.
+
+    Raises
+    ------
+    ValueError
+        Channel mismatch, or an instruction without a cycle model.
+    """
+    tl = _Timeline(build.channels)
+    return [_step(ins, info, build, tl) for ins in instructions]
+
+
+def token_counters(instructions: Sequence, info, build: BuildParams) -> tuple[list[dict[Counter, int]],
+                                                                              dict[Counter, int]]:
+    """Predicted counters of a whole token: ``(per instruction, totals)``; valid for every schedule option."""
+    per = [s.counters for s in schedule(instructions, info, build)]
+    return per, {k: sum(c[k] for c in per) for k in Counter}
+
+
+def instruction_counters(ins, info, build: BuildParams) -> dict[Counter, int]:
+    """Predicted counters of one instruction (:class:`host.image.Instruction` or :class:`InstrShape`).
+
+    Summing them over a program gives :func:`token_counters`'s totals when ``build.context_free`` (the
+    default serial schedule, ``stripe_consts``, ``stream_prologue``).
+
+    Parameters
+    ----------
+    ins : host.image.Instruction or InstrShape
+    info : host.image.ImageInfo or ProgramShape
+    build : BuildParams
+
+    Raises
+    ------
+    ValueError
+        When ``build`` overlaps instructions (``overlap_headers`` or ``overlap_prologue``): an
+        instruction's cost then depends on the one before it; use :func:`token_counters`.
+    """
+    if not build.context_free:
+        raise ValueError("with overlap_headers or overlap_prologue an instruction's counters depend on the "
+                         "instructions before it: use host.perf.token_counters(instructions, info, build)")
+    return _step(ins, info, build, _Timeline(build.channels)).counters
 
 
 def stream_efficiency(image_bytes: int, trits: int, cycles: int, build: BuildParams) -> float:
@@ -134,6 +583,59 @@ def stream_efficiency(image_bytes: int, trits: int, cycles: int, build: BuildPar
     return max(image_bytes / (build.channels * build.beat_bytes), trits / build.lanes) / cycles
 
 
+def token_prediction(program: ProgramShape, build: BuildParams) -> dict:
+    """Predicted cycles, stream efficiency and their breakdown for one token of a shape program.
+
+    Parameters
+    ----------
+    program : ProgramShape
+    build : BuildParams
+
+    Returns
+    -------
+    dict
+        ``cycles``, ``image_bytes``, ``trits``, ``ideal_cycles`` (the efficiency's numerator),
+        ``stream_efficiency``, ``binding`` (``"stream"`` or ``"lanes"``: the larger numerator term),
+        ``parts`` (header/prologue/body/drain cycles over the token, see :class:`Step`), and ``layer``:
+        the same for one steady-state layer, the mean of layers 1..L-2 (all of them when L < 3), whose
+        efficiency uses the layers' own bytes (headers, constants, weights) and trits, plus
+        ``per_instruction`` (name and parts of each GEMV of layer 1, or 0 when L = 1).
+    """
+    steps = schedule(program.instructions, program, build)
+    beat_all = build.channels * build.beat_bytes
+    parts = ("header", "prologue", "body", "drain")
+
+    def summary(idx: range, extra_bytes: int = 0) -> dict:
+        ins = [program.instructions[i] for i in idx]
+        nbytes = extra_bytes + sum(instruction_bytes(i, program.packing, program.channels) for i in ins)
+        trits = sum(i.n * i.k for i in ins if i.opcode is Opcode.GEMV)
+        cyc = sum(steps[i].counters[Counter.CYCLES] for i in idx)
+        stream, lanes = nbytes / beat_all, trits / build.lanes
+        return {"cycles": cyc, "bytes": nbytes, "trits": trits, "ideal_cycles": max(stream, lanes),
+                "binding": "stream" if stream >= lanes else "lanes",
+                "stream_efficiency": stream_efficiency(nbytes, trits, cyc, build),
+                "parts": {p: sum(getattr(steps[i], p) for i in idx) for p in parts}}
+
+    whole = summary(range(len(steps)), IMAGE_HEADER_BYTES)
+    out = {"cycles": whole["cycles"], "image_bytes": whole["bytes"],
+           **{k: v for k, v in whole.items() if k not in ("cycles", "bytes")}}
+    if program.n_layers:
+        L = program.n_layers
+        first, last = (1, L - 2) if L >= 3 else (0, L - 1)
+        count = last - first + 1
+        lay = summary(range(program.layer_slice(first).start, program.layer_slice(last).stop))
+        lay = {"layers": [first, last], "stream_efficiency": lay["stream_efficiency"], "binding": lay["binding"],
+               **{k: lay[k] / count for k in ("cycles", "bytes", "trits", "ideal_cycles")},
+               "parts": {p: v / count for p, v in lay["parts"].items()}}
+        one = program.layer_slice(first)
+        lay["per_instruction"] = [
+            {"name": program.instructions[i].name, "cycles": steps[i].counters[Counter.CYCLES],
+             **{p: getattr(steps[i], p) for p in parts}} for i in range(one.start, one.stop)]
+        out["layer"] = lay
+    return out
+
+
+# ------------------------------------------------------------------------------------------- roofline
 @dataclass(frozen=True)
 class Board:
     """A target of DESIGN.md section 4 (peak figures from the vendors' datasheets, as cited there)."""
@@ -159,7 +661,8 @@ def roofline(image_bytes: int, trits: int, build: BuildParams, board: Board) -> 
     """Decode tokens/s bounds (DESIGN.md section 4): the smallest of four rates binds.
 
     Returns a dict with ``dram``, ``ports``, ``channels`` (bus x Fmax) and ``lanes`` (trits x Fmax)
-    in tokens/s, ``bound`` (their minimum) and ``binding`` (its name).
+    in tokens/s, ``bound`` (their minimum) and ``binding`` (its name). Fmax is the smaller of the
+    build's and the board's.
     """
     fmax = min(build.fmax_mhz, board.fmax_mhz) * 1e6
     rates = {
@@ -175,3 +678,4 @@ def roofline(image_bytes: int, trits: int, build: BuildParams, board: Board) -> 
 def packing_bits(packing: TritPacking) -> float:
     """Bits per trit of a packing."""
     return 2.0 if TritPacking(packing) is TritPacking.BITS2 else 1.6
+
