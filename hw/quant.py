@@ -1,0 +1,285 @@
+"""The quantize prologue: int8 codes of a GEMV's input, ``quant_lanes`` per cycle, bit-exact.
+
+The absmax barrier's second read (docs/RTL.md, ``hw/quant.py``; ``hw.isa`` GEMV step 1): for
+``k < K``, ``w[k] = hw.numerics.mul(src[k], qc[k], q_shift)`` when the instruction has ``QCONST``
+(else ``w[k] = src[k]``) and ``q[k] = hw.numerics.quantize(w[k], r_mant, r_shift)``
+``= clamp((w * r_mant + 2**(r_shift-1)) >> r_shift, -128, 127)``, with ``(r_mant, r_shift)`` from the
+scalar unit (``hw.numerics.quant_recip``). The source and ``QC`` vectors are read through synchronous
+read ports, ``quant_lanes`` int32 elements per word; the codes are written as code-buffer words of
+``lanes`` codes (:func:`hw.streams.code_word_layout`).
+"""
+
+from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from hw import isa
+from hw.streams import code_word_layout
+
+__all__ = ["QuantCmd", "Quantizer", "QUANT_LATENCY", "MIN_QUANT_LANES", "MAX_QUANT_LANES", "MIN_LANES",
+           "MAX_LANES", "src_word_layout"]
+
+MIN_QUANT_LANES = 1
+MAX_QUANT_LANES = 64
+MIN_LANES = 4
+MAX_LANES = 256
+#: ``done`` comes ``ceil(k / quant_lanes) + QUANT_LATENCY`` cycles after the command's transfer (the last
+#: source word is read ``ceil(k / quant_lanes) - 1`` cycles after it); ``host.perf.QUANT_LATENCY``.
+QUANT_LATENCY = 4
+
+_INT32_MIN = -(1 << 31)
+_INT32_MAX = (1 << 31) - 1
+
+
+class QuantCmd(data.Struct):
+    """``Quantizer.cmd`` payload: one quantize prologue.
+
+    ``k``: unsigned(16), elements (``InstrHeader.k``); ``q_shift``: unsigned(6) and ``qconst``: 1
+    (``InstrHeader.q_shift``, ``InstrFlags.QCONST``); ``r_mant``: unsigned(26), ``r_shift``: unsigned(6)
+    (``ScalarResult``, ``hw.numerics.quant_recip``; ``r_shift >= 1``).
+    """
+
+    k: unsigned(16)
+    q_shift: unsigned(6)
+    qconst: unsigned(1)
+    r_mant: unsigned(26)
+    r_shift: unsigned(6)
+
+
+def src_word_layout(quant_lanes: int) -> data.ArrayLayout:
+    """A word of the banked source and ``QC`` vectors: ``ArrayLayout(signed(32), quant_lanes)``; word ``a``
+    holds elements ``a * quant_lanes .. a * quant_lanes + quant_lanes - 1`` (element ``j`` of the word in
+    lane ``j``)."""
+    return data.ArrayLayout(signed(32), quant_lanes)
+
+
+class Quantizer(wiring.Component):
+    """Quantize prologue: ``quant_lanes`` codes per cycle, fully pipelined, exact.
+
+    Parameters
+    ----------
+    quant_lanes : int, ``MIN_QUANT_LANES`` (1) .. ``MAX_QUANT_LANES`` (64)
+        Elements read (and codes formed) per cycle; divides ``lanes``.
+    lanes : int, ``MIN_LANES`` (4) .. ``MAX_LANES`` (256)
+        Codes per code-buffer word (the GEMV's lanes).
+    max_k : int, default ``hw.isa.MAX_K`` (8192)
+        Longest vector supported, ``lanes .. 65535``: sets ``src_depth = ceil(max_k / quant_lanes)`` and
+        ``code_depth = ceil(max_k / lanes)``, hence the address widths (an addition to the docs/RTL.md
+        parameters, as in ``TernaryGemv``; a longer ``k`` wraps the addresses).
+
+    Attributes
+    ----------
+    cmd : In(stream.Signature(QuantCmd))
+        One command per prologue. ``ready`` is 1 while no word is being read or is in the pipeline
+        (internal state only).
+    src, qc : In(memory.ReadPort.Signature(addr_width=ceil_log2(src_depth), shape=src_word_layout(quant_lanes)))
+        Synchronous read ports (``connect`` to ``Memory.read_port()``, non-transparent, ``sync``): the
+        component drives ``addr`` (word 0, 1, .., ``ceil(k / quant_lanes) - 1``, one per cycle starting in
+        the command's transfer cycle) and ``en`` (1 in exactly those cycles; ``qc.en`` only with
+        ``qconst``), and uses ``data`` in the next cycle. Elements at or beyond ``k`` are ignored.
+    codes : In(memory.WritePort.Signature(addr_width=ceil_log2(code_depth), shape=code_word_layout(lanes)))
+        Write port on the code buffer (``connect`` to ``Memory.write_port()``): words ``0 ..
+        ceil(k / lanes) - 1`` in order, ``en`` 1 in their write cycles; word ``c`` holds codes
+        ``q[c * lanes .. c * lanes + lanes - 1]``, codes at or beyond ``k`` in the last word are 0.
+    done : Out(1)
+        One-cycle strobe in the cycle of the last word's write (``codes.en`` = 1; the write commits at
+        that clock edge, so a reader starting in the next cycle sees it).
+
+    Timing
+    ------
+    Cycle 0: the command transfers and word 0 is addressed; word ``a`` in cycle ``a``. Per word, cycle
+    ``a + 1``: the data arrive and ``src * qc`` (32 x 32 signed) is registered; ``a + 2``: rounding,
+    arithmetic shift by ``q_shift``, saturation to int32 (``w``); ``a + 3``: ``w * r_mant``
+    (32 x 26) registered; ``a + 4``: rounding, shift by ``r_shift``, clamp to int8, into the code word
+    register; ``a + 5``: the word's write (when it completes a code word, or is the last). ``done``
+    comes ``ceil(k / quant_lanes) + 4`` cycles after the transfer (:attr:`latency` = 4,
+    ``host.perf.QUANT_LATENCY``). ``k = 0`` is treated as one empty word: one all-zero code word
+    written at address 0, then ``done``. Throughput: one source word per cycle, no stalls (the
+    write port never pushes back); the next command is accepted 5 cycles after the last word's read.
+
+    Resources: ``2 * quant_lanes`` multipliers (per lane a 32 x 32 signed, for ``mul``, and a signed
+    32 x unsigned 26, for ``quantize``); per lane two variable arithmetic right shifters (64 and 59
+    bits); about ``quant_lanes * 170 + lanes * 8`` flip-flops; no memories (the vectors and the code
+    buffer are outside).
+
+    Raises
+    ------
+    TypeError
+        If a parameter is not an int.
+    ValueError
+        If a parameter is out of range, or ``quant_lanes`` does not divide ``lanes``.
+    """
+
+    def __init__(self, *, quant_lanes: int, lanes: int, max_k: int = isa.MAX_K):
+        for name, value in (("quant_lanes", quant_lanes), ("lanes", lanes), ("max_k", max_k)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {value!r}")
+        if not MIN_QUANT_LANES <= quant_lanes <= MAX_QUANT_LANES:
+            raise ValueError(f"quant_lanes must be in {MIN_QUANT_LANES}..{MAX_QUANT_LANES}, got {quant_lanes}")
+        if not MIN_LANES <= lanes <= MAX_LANES:
+            raise ValueError(f"lanes must be in {MIN_LANES}..{MAX_LANES}, got {lanes}")
+        if lanes % quant_lanes:
+            raise ValueError(f"quant_lanes ({quant_lanes}) must divide lanes ({lanes})")
+        if not lanes <= max_k <= 0xFFFF:
+            raise ValueError(f"max_k must be in lanes ({lanes})..65535, got {max_k}")
+        self._quant_lanes = quant_lanes
+        self._lanes = lanes
+        self._max_k = max_k
+        self._src_depth = -(-max_k // quant_lanes)
+        self._code_depth = -(-max_k // lanes)
+        read = memory.ReadPort.Signature(addr_width=ceil_log2(self._src_depth), shape=src_word_layout(quant_lanes))
+        super().__init__({
+            "cmd": In(stream.Signature(QuantCmd)),
+            "src": In(read),
+            "qc": In(read),
+            "codes": In(memory.WritePort.Signature(addr_width=ceil_log2(self._code_depth),
+                                                   shape=code_word_layout(lanes))),
+            "done": Out(1),
+        })
+
+    @property
+    def quant_lanes(self) -> int:
+        """Elements read, and codes formed, per cycle."""
+        return self._quant_lanes
+
+    @property
+    def lanes(self) -> int:
+        """Codes per code-buffer word."""
+        return self._lanes
+
+    @property
+    def max_k(self) -> int:
+        """Longest supported vector."""
+        return self._max_k
+
+    @property
+    def src_depth(self) -> int:
+        """Words of the source and ``QC`` vectors the read ports address: ``ceil(max_k / quant_lanes)``."""
+        return self._src_depth
+
+    @property
+    def code_depth(self) -> int:
+        """Words of the code buffer: ``ceil(max_k / lanes)``."""
+        return self._code_depth
+
+    @property
+    def latency(self) -> int:
+        """``done`` comes ``ceil(k / quant_lanes) + latency`` cycles after the command's transfer (4)."""
+        return QUANT_LATENCY
+
+    @property
+    def multipliers(self) -> int:
+        """Multipliers in the datapath: two per lane."""
+        return 2 * self._quant_lanes
+
+    def elaborate(self, platform):
+        m = Module()
+        ql = self._quant_lanes
+        groups = self._lanes // ql
+        ctl_layout = data.StructLayout({"valid": 1, "last": 1, "count": range(ql + 1)})
+
+        # ---- command registers (stable while the command's words are in flight)
+        r_mant = Signal(26)
+        r_shift = Signal(6)
+        q_shift = Signal(6)      # 0 without QCONST (then w = src * 1)
+        qconst = Signal()
+        rnd1 = Signal(64)        # 2**(q_shift - 1), 0 for q_shift = 0
+        rnd2 = Signal(64)        # 2**(r_shift - 1), 0 for r_shift = 0
+
+        # ---- stage 0: address the source words
+        busy = Signal()          # words after the first remain to be read
+        rd_addr = Signal.like(self.src.addr)
+        rd_rem = Signal(16)      # elements from the current word on
+        s1 = Signal(ctl_layout)
+        s2 = Signal(ctl_layout)
+        s3 = Signal(ctl_layout)
+        s4 = Signal(ctl_layout)
+
+        m.d.comb += self.cmd.ready.eq(~busy & ~s1.valid & ~s2.valid & ~s3.valid & ~s4.valid)
+        start = self.cmd.valid & self.cmd.ready
+        issue = start | busy
+        cur_rem = Mux(busy, rd_rem, self.cmd.payload.k)
+        last = cur_rem <= ql
+        addr = Mux(busy, rd_addr, 0)
+        m.d.comb += [
+            self.src.addr.eq(addr),
+            self.qc.addr.eq(addr),
+            self.src.en.eq(issue),
+            self.qc.en.eq(issue & Mux(busy, qconst, self.cmd.payload.qconst)),
+        ]
+        m.d.sync += [
+            busy.eq(issue & ~last),
+            rd_addr.eq(addr + 1),
+            rd_rem.eq(cur_rem - ql),
+            s1.valid.eq(issue),
+            s1.last.eq(last),
+            s1.count.eq(Mux(last, cur_rem, ql)),
+        ]
+        with m.If(start):
+            cmd = self.cmd.payload
+            m.d.sync += [
+                r_mant.eq(cmd.r_mant),
+                r_shift.eq(cmd.r_shift),
+                qconst.eq(cmd.qconst),
+                q_shift.eq(Mux(cmd.qconst, cmd.q_shift, 0)),
+                rnd1.eq(Mux(cmd.qconst, (Const(1, 65) << cmd.q_shift)[1:], 0)),
+                rnd2.eq((Const(1, 65) << cmd.r_shift)[1:]),
+            ]
+
+        # ---- stages 1-4 per lane
+        m.d.sync += [s2.eq(s1), s3.eq(s2), s4.eq(s3)]
+        codes = Signal(data.ArrayLayout(signed(8), ql))
+        for j in range(ql):
+            # stage 1: p1 = src * qc (or src * 1), exact int64
+            p1 = Signal(signed(64), name=f"p1_{j}")
+            m.d.sync += p1.eq(self.src.data[j] * Mux(qconst, self.qc.data[j], 1))
+            # stage 2: w = sat32((p1 + 2**(q_shift-1)) >> q_shift), the sum wrapping in int64 as
+            # hw.numerics.mul's does
+            t1 = Signal(signed(64), name=f"t1_{j}")
+            m.d.comb += t1.eq((p1 + rnd1)[:64].as_signed() >> q_shift)
+            w = Signal(signed(32), name=f"w_{j}")
+            m.d.sync += w.eq(Mux(t1 > _INT32_MAX, _INT32_MAX, Mux(t1 < _INT32_MIN, _INT32_MIN, t1)))
+            # stage 3: p2 = w * r_mant (|p2| < 2**57)
+            p2 = Signal(signed(59), name=f"p2_{j}")
+            m.d.sync += p2.eq(w * r_mant)
+            # stage 4: clamp((p2 + 2**(r_shift-1)) >> r_shift, -128, 127); lanes >= count are 0
+            t2 = Signal(signed(64), name=f"t2_{j}")
+            m.d.comb += t2.eq((p2 + rnd2) >> r_shift)
+            m.d.comb += codes[j].eq(Mux(s4.count <= j, 0, Mux(t2 > 127, 127, Mux(t2 < -128, -128, t2))))
+
+        # ---- stage 4: gather groups of ql codes into a code word; stage 5: write it
+        group = Signal(range(groups))
+        word_addr = Signal.like(self.codes.addr)
+        word = Signal(code_word_layout(self._lanes))
+        word_view = word.as_value()
+        we = Signal()
+        done = Signal()
+        wr_addr = Signal.like(self.codes.addr)
+        full = group == groups - 1
+        m.d.comb += [
+            self.codes.addr.eq(wr_addr),
+            self.codes.data.eq(word),
+            self.codes.en.eq(we),
+            self.done.eq(done),
+        ]
+        m.d.sync += [
+            we.eq(s4.valid & (full | s4.last)),
+            done.eq(s4.valid & s4.last),
+        ]
+        with m.If(s4.valid):
+            for g in range(groups):
+                part = word_view[g * ql * 8:(g + 1) * ql * 8]
+                with m.If(group == g):
+                    m.d.sync += part.eq(codes.as_value())
+                if g:
+                    with m.Elif(group == 0):
+                        m.d.sync += part.eq(0)      # a new code word: the groups not yet formed are 0
+            m.d.sync += wr_addr.eq(word_addr)
+            with m.If(s4.last):
+                m.d.sync += [group.eq(0), word_addr.eq(0)]
+            with m.Elif(full):
+                m.d.sync += [group.eq(0), word_addr.eq(word_addr + 1)]
+            with m.Else():
+                m.d.sync += group.eq(group + 1)
+        return m

@@ -1,0 +1,253 @@
+"""The scalar unit: once per GEMV, the quantize reciprocal and the dequantization scale, bit-exact.
+
+Computes ``hw.numerics.quant_recip(amax)`` and ``hw.numerics.dequant_scale(ssq, amax, cb_mant, cb_shift,
+out_frac)`` (docs/RTL.md, ``hw/scalar.py``; ``hw.isa`` GEMV steps 1 and 3) with sequential restoring
+algorithms, one result bit per cycle, and no multiplier:
+
+* ``root = max(isqrt(ssq), 1)``: restoring integer square root of the 64-bit ``ssq``, 32 steps;
+* ``num = cb_mant * A`` (``A = max(amax, 1)``): shift-and-add, 32 steps, in parallel with the root;
+* ``r_mant``: a 25-step restoring division, in parallel with the root;
+* ``s_mant``: a 25-step restoring division after the root (the same divider, reloaded).
+
+Both divisions run on normalized operands, so the divider is one fixed structure (a 32-bit divisor with
+its top bit set, a 31-bit initial remainder, 25 dividend bits shifted in, 25 quotient bits):
+
+* ``a_n = A << za`` (``za`` leading zeros of ``A``): ``r_shift = bitlength(A) + 17 = 49 - za`` and
+  ``r_mant = ((127 << r_shift) + (A >> 1)) // A = (127 * 2**49 + (a_n >> 1)) // a_n`` (scaling dividend
+  and divisor by ``2**za`` keeps the floor: the low bit of ``A`` lands below the scale).
+* ``num`` is formed as ``p = (cb_mant << zc) * a_n`` and left-aligned to ``num_n`` (64 bits, top bit
+  set; ``p`` needs at most one more shift), ``root_n = root << zr`` (32 bits, top bit set). With
+  ``t = 24 - (bitlength(num) - bitlength(root))``, ``dequant_scale`` 's ``s_mant`` (both branches,
+  ``(num << t) // root`` and ``(num >> -t) // root``) is ``floor(num * 2**t / root)``, which equals
+  ``(num_n >> 8) // root_n``; its shift is ``t + cb_shift - out_frac + SSQ_SHIFT // 2``
+  ``= zc + za + e - zr + cb_shift - out_frac`` (``e``: the extra alignment bit; for ``cb_mant = 0``,
+  ``s_mant = 0`` and the shift is ``64 - zr + cb_shift - out_frac``).
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["ScalarRequest", "ScalarResult", "ScalarUnit", "SCALAR_LATENCY"]
+
+_ROOT_STEPS = 32   #: isqrt of a 64-bit value: one root bit per step
+_QUOT_STEPS = 25   #: both quotients are < 2**25
+#: Cycles from the transfer on ``i`` (cycle 0) to ``o.valid`` (1 + 32 root steps, 1 reload, 25 steps).
+SCALAR_LATENCY = _ROOT_STEPS + 1 + _QUOT_STEPS + 1
+
+
+class ScalarRequest(data.Struct):
+    """``ScalarUnit.i`` payload: the inputs of a GEMV's scales (the ``InstrHeader`` fields and registers).
+
+    ``ssq``: unsigned(64), the sum-of-squares reduction register (``InstrHeader.ssq_reg``);
+    ``amax``: unsigned(32), the absmax reduction register (``InstrHeader.amax_reg``; 0 is taken as 1);
+    ``cb_mant``: unsigned(32), ``cb_shift``: signed(32), ``out_frac``: unsigned(6) (``InstrHeader``).
+    """
+
+    ssq: unsigned(64)
+    amax: unsigned(32)
+    cb_mant: unsigned(32)
+    cb_shift: signed(32)
+    out_frac: unsigned(6)
+
+
+class ScalarResult(data.Struct):
+    """``ScalarUnit.o`` payload.
+
+    ``r_mant`` (unsigned(26), ``<= 127 * 2**18 < 2**25``) and ``r_shift`` (unsigned(6), ``18..49``):
+    ``hw.numerics.quant_recip``; ``s_mant`` (unsigned(27), ``< 2**25``; 0 only for ``cb_mant = 0``) and
+    ``s_shift`` (signed(8)): ``hw.numerics.dequant_scale``. The compiler's ranges (``cb_mant`` a 24-bit
+    mantissa in ``[2**23, 2**24)``, ``cb_shift`` in ``[0, 63]``, ``out_frac`` in ``[8, 28]``,
+    ``amax < 2**31``) give ``s_shift`` in ``[-50, 95]``; any ``cb_mant < 2**24``, ``amax < 2**32``,
+    ``cb_shift`` in ``[0, 63]`` and ``out_frac`` in ``[0, 63]`` keep it in ``[-86, 127]``; beyond that
+    ``s_shift`` is the exact value modulo ``2**8``.
+    """
+
+    r_mant: unsigned(26)
+    r_shift: unsigned(6)
+    s_mant: unsigned(27)
+    s_shift: signed(8)
+
+
+def _clz(value):
+    """Leading zeros of ``value`` (a power-of-two width ``n``), ``0..n``, as a balanced mux tree."""
+    n = len(value)
+    if n == 1:
+        return ~value[0]
+    hi, lo = value[n // 2:], value[:n // 2]
+    c_hi, c_lo = _clz(hi), _clz(lo)
+    return Mux(hi == 0, n // 2 + c_lo, c_hi)
+
+
+def _sub(a, b, width):
+    """``(a >= b, a - b)`` for unsigned ``a``, ``b`` below ``2**width``: one subtractor, its borrow."""
+    diff = Signal(width + 1)
+    return ~diff[width], diff, diff.eq(a - b)
+
+
+class ScalarUnit(wiring.Component):
+    """Quantize reciprocal and dequantization scale of one GEMV, sequential and bit-exact.
+
+    No parameters.
+
+    Attributes
+    ----------
+    i : In(stream.Signature(ScalarRequest))
+        One request per GEMV that forms new codes. ``ready`` is 1 exactly while the unit is idle (it
+        depends on internal state only).
+    o : Out(stream.Signature(ScalarResult))
+        The result of each request, in order: ``(r_mant, r_shift) = hw.numerics.quant_recip(amax)``,
+        ``(s_mant, s_shift) = hw.numerics.dequant_scale(ssq, amax, cb_mant, cb_shift, out_frac)``
+        (payload held until transferred).
+
+    Timing
+    ------
+    The request transfers in cycle 0 (the operands are normalized on the way into the registers);
+    cycles 1-32 take the 32 square-root steps, the 32 shift-and-add steps of ``cb_mant * A`` and the 25
+    steps of ``r_mant``; cycle 33 normalizes the root and the product and reloads the divider;
+    cycles 34-58 take the 25 steps of ``s_mant``; ``o.valid`` rises in cycle 59
+    (:data:`SCALAR_LATENCY`, within ``host.perf.SCALAR_CYCLES`` = 64) and stays until ``o.ready``.
+    The next request is accepted in the cycle after the result's transfer.
+
+    Resources: no multipliers, no memories. Adders: one 36-bit (root), one 33-bit (product), one 33-bit
+    (divider); three 32-bit leading-zero counters with left normalizers (``A``, ``cb_mant``, root);
+    about 420 flip-flops.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "i": In(stream.Signature(ScalarRequest)),
+            "o": Out(stream.Signature(ScalarResult)),
+        })
+
+    @property
+    def latency(self) -> int:
+        """Cycles from the transfer on ``i`` to ``o.valid`` (:data:`SCALAR_LATENCY`, 59)."""
+        return SCALAR_LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        req = self.i.payload
+
+        # ---- square root: x shifts out two bits per step, root gains one bit
+        x = Signal(64)
+        rem = Signal(34)       # rem <= 2 * root < 2**33
+        root = Signal(32)
+        # ---- product: prod = {high: partial sum, low: multiplier bits of a_n shifting out}
+        prod = Signal(64)
+        cn = Signal(32)        # cb_mant << zc
+        # ---- divider (shared): 32-bit remainder, 25 dividend bits left, 32-bit divisor, quotient
+        dv_r = Signal(32)
+        dv_bits = Signal(_QUOT_STEPS)
+        dv_d = Signal(32)
+        dv_q = Signal(_QUOT_STEPS)
+        # ---- results and shift terms
+        r_mant = Signal(26)
+        r_shift = Signal(6)
+        s_shift = Signal(signed(8))
+        zcza = Signal(7)       # zc + za
+        cb_zero = Signal()
+        shift_in = Signal(signed(34))  # cb_shift - out_frac
+        cnt = Signal(range(_ROOT_STEPS))
+
+        # ---- step logic (combinational)
+        rem2 = Cat(x[62:64], rem)                      # 36 bits
+        root_ge, root_diff, root_sub = _sub(rem2, Cat(Const(1, 2), root), 36)
+        prod_sum = prod[32:64] + Mux(prod[0], cn, 0)   # 33 bits
+        dv_r2 = Cat(dv_bits[-1], dv_r)                 # 33 bits
+        div_ge, div_diff, div_sub = _sub(dv_r2, dv_d, 33)
+        m.d.comb += [root_sub, div_sub]
+
+        def root_step():
+            m.d.sync += [
+                x.eq(x << 2),
+                rem.eq(Mux(root_ge, root_diff, rem2)),
+                root.eq(Cat(root_ge, root)),
+                prod.eq(Cat(prod[1:32], prod_sum)),
+            ]
+
+        def div_step():
+            m.d.sync += [
+                dv_r.eq(Mux(div_ge, div_diff, dv_r2)),
+                dv_bits.eq(dv_bits << 1),
+                dv_q.eq(Cat(div_ge, dv_q)),
+            ]
+
+        # ---- operand normalization at the input (from the payload)
+        a = Mux(req.amax == 0, 1, req.amax)
+        za = Signal(6)
+        zc = Signal(6)
+        a_n = Signal(32)
+        m.d.comb += [
+            za.eq(_clz(a)),
+            zc.eq(_clz(req.cb_mant)),
+            a_n.eq(a << za),
+        ]
+
+        # ---- root and product normalization at the reload
+        root_eff = Mux(root == 0, 1, root)
+        zr = Signal(6)
+        root_n = Signal(32)
+        num_n = Signal(64)
+        m.d.comb += [
+            zr.eq(_clz(root_eff)),
+            root_n.eq(root_eff << zr),
+            num_n.eq(Mux(prod[63], prod, prod << 1)),
+        ]
+
+        m.d.comb += [
+            self.o.payload.r_mant.eq(r_mant),
+            self.o.payload.r_shift.eq(r_shift),
+            self.o.payload.s_mant.eq(dv_q),
+            self.o.payload.s_shift.eq(s_shift),
+        ]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    m.d.sync += [
+                        x.eq(req.ssq),
+                        rem.eq(0),
+                        root.eq(0),
+                        cn.eq(req.cb_mant << zc),
+                        prod.eq(a_n),
+                        # r_mant = (127 * 2**49 + (a_n >> 1)) // a_n: the top 31 dividend bits, then 25
+                        dv_r.eq(Cat(a_n[26:32], Const(0, 18), Const(127, 7))),
+                        dv_bits.eq(a_n[1:26]),
+                        dv_d.eq(a_n),
+                        r_shift.eq(49 - za),
+                        zcza.eq(zc + za),
+                        cb_zero.eq(req.cb_mant == 0),
+                        shift_in.eq(req.cb_shift - req.out_frac),
+                        cnt.eq(0),
+                    ]
+                    m.next = "ROOT"
+            with m.State("ROOT"):
+                root_step()
+                with m.If(cnt < _QUOT_STEPS):
+                    div_step()
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt == _ROOT_STEPS - 1):
+                    m.next = "RELOAD"
+            with m.State("RELOAD"):
+                # s_mant = (num_n >> 8) // root_n: the top 31 dividend bits num_n[33:], then num_n[8:33]
+                m.d.sync += [
+                    r_mant.eq(dv_q),
+                    dv_r.eq(num_n[33:64]),
+                    dv_bits.eq(num_n[8:33]),
+                    dv_d.eq(root_n),
+                    s_shift.eq(Mux(cb_zero, 64, zcza + ~prod[63]) - zr + shift_in),
+                    cnt.eq(0),
+                ]
+                m.next = "DIVIDE"
+            with m.State("DIVIDE"):
+                div_step()
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt == _QUOT_STEPS - 1):
+                    m.next = "DONE"
+            with m.State("DONE"):
+                m.d.comb += self.o.valid.eq(1)
+                with m.If(self.o.ready):
+                    m.next = "IDLE"
+        return m
