@@ -20,6 +20,7 @@ help:
 	@echo "make test-all  run every tier (slow included; board/gpu tests skip without hardware)"
 	@echo "make eval      held-out perplexity and bits per byte of the shipped model (DEVICE=, MODEL=)"
 	@echo "make lint      ruff"
+	@echo "make power     power of a 32-token generation, estimated on the default device: out/power/power.{csv,json,png}"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,14 @@ run: $(RUN_STAMP)
 
 eval: $(RUN_STAMP)
 	$(BIN)/mmfree eval --model $(MODEL) --text data/pydoc/heldout.txt $(if $(DEVICE),--device $(DEVICE))
+
+# Power tracking of a short generation from the estimate (no board): samples CSV, JSON summary and plot.
+# Needs matplotlib (in the dev extra). POWER_ARGS= adds options, e.g. POWER_ARGS="--board zcu104 --governor".
+POWER_ARGS ?=
+.PHONY: power
+power: $(DEV_STAMP)
+	$(BIN)/mmfree power --model $(MODEL) --source estimate --tokens 32 --out out/power \
+		$(if $(DEVICE),--device $(DEVICE)) $(POWER_ARGS)
 
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -230,6 +230,134 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _git_revision() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _cmd_power(args: argparse.Namespace) -> int:
+    import importlib.util
+    import platform
+
+    from host.power import Budget, PowerError, PowerSession, get_board, make_source, select_rails, summarize
+    from host.power.output import plot_trace, write_json, write_samples_csv
+    from host.power.run import run_generation
+    from host.power.sources import parse_spec
+    from host.sampling import validate_sampling
+
+    # Everything checkable without a sensor or the model first.
+    validate_sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      repetition_penalty=args.repetition_penalty)
+    if args.tokens < 1:
+        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        raise ValueError(f"--budget must be a positive number of watts, got {args.budget}")
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("the plot needs matplotlib (pip install matplotlib, or the dev extra); pass --no-plot to "
+                         "write only the CSV and JSON")
+    if args.out.exists() and not args.out.is_dir():
+        raise NotADirectoryError(f"--out must be a directory, got the file {args.out}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = {k: args.out / f"power.{k}" for k in ("csv", "json", "png")}
+    for key, path in paths.items():
+        if key != "png" or not args.no_plot:
+            _check_writable(path, f"the {key.upper()} output")
+    xrt_device = int(args.xrt_device) if args.xrt_device is not None and args.xrt_device.isdigit() else args.xrt_device
+    try:
+        board = get_board(args.board)
+        kind, _ = parse_spec(args.source)
+        with open_device(args.device) as device:
+            source = make_source(args.source, board, device=device, i2c_bus=args.i2c_bus,
+                                 i2c_address=args.i2c_address, i2c_force=args.i2c_force, xrt_device=xrt_device,
+                                 csv_offset_s=args.csv_offset, static_w=args.static_w)
+            with source:
+                available = source.open()  # a missing sensor fails here, before the model is loaded
+                if args.rails:
+                    rails = select_rails(available, args.rails.split(","), what="--rails")
+                else:
+                    defaults = board.rails_for(kind)
+                    if defaults is None:
+                        raise PowerError(f"board {board.key} names no default rails for source {kind}; pass --rails "
+                                         f"(rails found: {', '.join(available)})")
+                    rails = select_rails(available, defaults, what=f"default {board.key} rails ({board.rail_set})")
+                budget = Budget(args.budget, rails, args.budget_basis)
+                checkpoint = _load_checkpoint(args.model)
+                tokenizer = _tokenizer_of(checkpoint)
+                device.load(checkpoint)
+                with PowerSession(source, budget, governor=args.governor, governor_window_s=args.governor_window,
+                                  period_s=args.period, idle_s=args.idle) as session:
+                    gen = run_generation(device, tokenizer, args.prompt, session, tokens=args.tokens,
+                                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                         repetition_penalty=args.repetition_penalty, seed=args.seed)
+                summary = summarize(gen.trace, budget)
+                described = source.describe()
+        estimate = source.is_estimate
+        report = {
+            "schema": "mmfree-power/1",
+            "label": described.get("label", "ESTIMATE") if estimate else "measured",
+            **summary,
+            "board": {"key": board.key, "title": board.title, "rail_set": board.rail_set},
+            "source": described,
+            "governor": {"enabled": bool(args.governor), "window_s": args.governor_window},
+            "device": args.device, "model": str(args.model), "prompt": args.prompt,
+            "prompt_tokens": len(gen.prompt_ids), "token_ids": gen.token_ids, "text": gen.text,
+            "command": ["mmfree", *sys.argv[1:]] if sys.argv and Path(sys.argv[0]).name == PROG else None,
+            "git_revision": _git_revision(),
+            "machine": {"node": platform.node(), "platform": platform.platform(),
+                        "python": platform.python_version()},
+        }
+        if estimate:
+            from host.power.estimate import constants_table
+
+            report["estimate_constants"] = constants_table(board)
+        written = [write_samples_csv(gen.trace, paths["csv"], budget.rails), write_json(report, paths["json"])]
+        if not args.no_plot:
+            what = "ESTIMATE (activity model, not a measurement)" if estimate else f"measured ({source.name})"
+            written.append(plot_trace(gen.trace, summary, paths["png"],
+                                      title=f"{board.title}: power over {len(gen.token_ids)} tokens, {what}"))
+    except PowerError as exc:  # a missing or bad sensor, no samples, a budget the governor cannot meet
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    _print_power(summary, board.key, source.name, args, written)
+    return 0
+
+
+def _print_power(summary: dict, board: str, source: str, args: argparse.Namespace, written: list) -> None:
+    est = summary["estimate"]
+    tag = " (estimate)" if est else ""
+    run, tot, pt, bud = summary["run"], summary["total"], summary["per_token"], summary["budget"]
+
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.4g}"
+
+    lines = [f"power: board {board}, source {source}, device {args.device}, {_plural(run['tokens'], 'token')}"]
+    if est:
+        lines.append("ESTIMATE: activity model of host.power.estimate, not a measurement; every figure is an estimate")
+    lines += [
+        f"budget rails  {', '.join(bud['rails'])}",
+        f"idle          {f(tot['idle_w'])} W{tag}",
+        f"mean          {f(tot['mean_w'])} W, peak {f(tot['peak_w'])} W, above idle {f(tot['above_idle_w'])} W{tag}",
+        f"run           {f(run['seconds'])} s, {f(run['tokens_per_s'])} tokens/s{tag}",
+        f"energy        {f(tot['energy_j'])} J, above idle {f(tot['energy_above_idle_j'])} J{tag}",
+        f"per token     {f(pt['j_per_token'])} J/token, {f(pt['tokens_per_j'])} tokens/J; above idle "
+        f"{f(pt['j_per_token_above_idle'])} J/token, {f(pt['tokens_per_j_above_idle'])} tokens/J{tag}",
+        f"budget        {'PASS' if bud['pass'] else 'FAIL'}: mean {f(bud['mean_w'])} W vs {bud['watts']:g} W "
+        f"({bud['basis']}); over for {f(bud['time_over_s'])} s, {f(bud['energy_over_j'])} J{tag}",
+        "governor      " + (f"on: {run['governor_sleeps']} sleeps, {f(run['governor_sleep_s'])} s" if args.governor
+                             else "off"),
+        "wrote         " + ", ".join(str(p) for p in written),
+    ]
+    print("\n".join(lines))
+
+
 # ---------------------------------------------------------------------- parser
 
 def _device_help() -> str:
@@ -294,6 +422,57 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a checkpoint: config, parameters, trits per token, tokenizer")
     common(i, device=False)
     i.set_defaults(func=_cmd_info)
+
+    from host.power.boards import BOARDS as POWER_BOARDS
+    from host.power.boards import DEFAULT_BOARD as POWER_DEFAULT_BOARD
+
+    p = sub.add_parser("power", help="power during a generation: watts, joules per token and the budget "
+                                     "(writes a CSV of samples, a JSON summary and a PNG plot)")
+    common(p)
+    p.add_argument("--source", default="estimate", metavar="SOURCE",
+                   help="estimate (default: activity model, no board), pynq, ina260, xrt, xrt:FILE (saved xrt-smi "
+                        "electrical JSON), csv:FILE (external meter log: timestamp, watts), replay:FILE")
+    p.add_argument("--board", default=POWER_DEFAULT_BOARD, metavar="BOARD",
+                   help=f"board whose default rails and estimate apply: {', '.join(POWER_BOARDS)} "
+                        f"(default: {POWER_DEFAULT_BOARD})")
+    p.add_argument("--budget", type=float, default=13.0, metavar="W", help="power budget in watts (default: 13)")
+    p.add_argument("--budget-basis", choices=("total", "above-idle"), default="total",
+                   help="the budget bounds the watts on the budget rails (default) or their draw above idle")
+    p.add_argument("--rails", default=None, metavar="LIST",
+                   help="budget rails: comma-separated names or shell patterns, or 'all' (default: the board's set)")
+    p.add_argument("--tokens", type=int, default=32, metavar="N", help="decode tokens to run (default: 32)")
+    p.add_argument("--prompt", default="The Python interpreter", help="prompt text")
+    p.add_argument("--out", type=Path, default=Path("out/power"), metavar="DIR",
+                   help="directory for power.csv, power.json and power.png (created; default: out/power)")
+    p.add_argument("--no-plot", action="store_true", help="write the CSV and JSON only")
+    p.add_argument("--governor", action="store_true",
+                   help="sleep between tokens whenever the mean power exceeds the budget")
+    p.add_argument("--governor-window", type=float, default=None, metavar="S",
+                   help="govern the mean of the last S seconds (default: of the whole run)")
+    p.add_argument("--idle", type=float, default=None, metavar="S",
+                   help="idle baseline before the run, in seconds (default: 2; modelled 0.02 for the estimate)")
+    p.add_argument("--period", type=float, default=None, metavar="S", help="sampling period (default: the source's)")
+    p.add_argument("--static-w", type=float, default=None, metavar="W",
+                   help="estimate: a measured idle of the board's rail set, replacing the assumed one")
+    p.add_argument("--i2c-bus", type=int, default=1, metavar="N", help="ina260: I2C bus (default: 1)")
+    p.add_argument("--i2c-address", type=lambda s: int(s, 0), default=0x40, metavar="ADDR",
+                   help="ina260: I2C address (default: 0x40)")
+    p.add_argument("--i2c-force", action="store_true",
+                   help="ina260: read the address even though a kernel driver owns it")
+    p.add_argument("--xrt-device", default=None, metavar="ID", help="xrt: card index or BDF (default: the first)")
+    p.add_argument("--csv-offset", type=float, default=0.0, metavar="S",
+                   help="csv: seconds added to the meter's timestamps to match the host clock")
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, metavar="T",
+                   help=f"softmax temperature, 0 = greedy (default: {DEFAULT_TEMPERATURE})")
+    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
+                   help=f"sample among the K most likely tokens, 0 = off (default: {DEFAULT_TOP_K})")
+    p.add_argument("--top-p", type=float, default=DEFAULT_TOP_P, metavar="P",
+                   help=f"nucleus sampling mass in (0, 1], 1 = off (default: {DEFAULT_TOP_P})")
+    p.add_argument("--repetition-penalty", type=float, default=DEFAULT_REPETITION_PENALTY, metavar="R",
+                   help=f"CTRL repetition penalty, 1 = off (default: {DEFAULT_REPETITION_PENALTY})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S",
+                   help=f"random seed (default: {DEFAULT_SEED})")
+    p.set_defaults(func=_cmd_power)
     return parser
 
 

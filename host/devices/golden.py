@@ -220,6 +220,7 @@ class GoldenMachine:
         self._counters = [instruction_counters(ins, self.info, self.build) for ins in self.image.instructions]
         self._totals = {k: sum(c[k] for c in self._counters) for k in Counter}
         self._nonzero: list[int] | None = None
+        self._nonzero_total = sum(self.nonzero_trits())   # an activity count for the power estimate
         self._cap = {Buffer.X: self.info.hidden, Buffer.A: max(self.info.hidden, self.info.intermediate),
                      Buffer.P: max(self.info.hidden, self.info.intermediate), Buffer.STATE_OLD: self.info.hidden,
                      Buffer.STATE_NEW: self.info.hidden, Buffer.TOKEN: self.info.hidden}
@@ -317,7 +318,7 @@ class GoldenMachine:
         output = make_output_packet(acc_out, position=position, argmax=argmax, max_acc=max_acc,
                                     scale_mant=out_scale[0], scale_shift=out_scale[1])
         total = dict(self._totals)
-        total[Counter.NONZERO_TRITS] = sum(self.nonzero_trits()) if self._nonzero is not None else 0
+        total[Counter.NONZERO_TRITS] = self._nonzero_total
         return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
                            trace=tr)
 
