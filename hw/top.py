@@ -1,0 +1,726 @@
+"""The accelerator core: streams in a token packet and the model image, runs the token, streams out the
+output packet; AXI4-Lite registers for the ID block, status and counters.
+
+The sequencer here parses channel 0 (token packet, image header, instruction headers: a 32-bit word
+per cycle; constant sections: a whole beat per cycle), checks every magic, CRC, opcode, micro-op and
+shape the golden device checks (same :class:`hw.isa.ErrorCause`, same precedence), and for each
+instruction drives the components of ``docs/RTL.md``: ScalarUnit -> Quantizer -> per channel
+TritGearbox -> TernaryGemv, rows merged in order into the Epilogue. END_TOKEN commits the recurrent state
+(a bank flip) and sends the output trailer. An error stops the token: the committed state is untouched,
+``STATUS.error`` and ``ERROR_CAUSE``/``ERROR_WHERE`` say why, every input is drained (never blocking the
+host's DMA) until ``CTRL.clear``.
+
+Stream protocol per token: channel 0 carries the token packet (its last beat with ``tlast``) then the
+image (``tlast`` on its last beat); channel ``c > 0`` carries its weight blocks (``tlast`` on the last).
+"""
+
+from contextlib import contextmanager
+
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
+from amaranth.lib import crc, data, memory, wiring
+from amaranth.lib.wiring import In, Out, connect
+from amaranth.utils import ceil_log2
+
+from hw import isa
+from hw import numerics as nx
+from hw.epilogue import Epilogue
+from hw.gearbox import TritGearbox
+from hw.gemv import TernaryGemv
+from hw.isa import Buffer, Counter, ErrorCause, InstrHeader, MicroOp, MicroOpcode, Opcode, TritPacking
+from hw.quant import Quantizer
+from hw.regs import AXI4LiteSignature, RegisterBlock
+from hw.scalar import ScalarUnit
+from hw.streams import code_word_layout
+from hw.vbuf import VectorBuffer
+
+__all__ = ["AXIStreamSignature", "Accelerator"]
+
+INT32 = signed(32)
+
+
+class AXIStreamSignature(wiring.Signature):
+    """AXI4-Stream (ARM IHI 0051A) with ``tdata``, ``tvalid``, ``tready``, ``tlast``; subordinate view (a
+    port of this signature as ``Out`` receives data). cocotbext-axi finds it with
+    ``AxiStreamBus.from_prefix(dut, name, bus_separator="__")``."""
+
+    def __init__(self, data_width: int):
+        if data_width % 8 or data_width < 8:
+            raise ValueError(f"data_width must be a positive multiple of 8, got {data_width}")
+        super().__init__({"tdata": In(data_width), "tvalid": In(1), "tready": Out(1), "tlast": In(1)})
+
+
+def _pow2(v: int) -> int:
+    return 1 << ceil_log2(max(v, 1))
+
+
+class Accelerator(wiring.Component):
+    """The whole core (one token per pass over the image).
+
+    Parameters
+    ----------
+    lanes : int
+        Trits per cycle, all channels together (a multiple of ``channels``; per channel 4-256).
+    channels : int
+        Weight channels (AXI4-Stream inputs ``s_axis_w0``..), 1-4.
+    bus_bits : int
+        ``tdata`` width of each weight channel: 64, 128, 256 or 512.
+    quant_lanes : int
+        Codes per cycle of the quantize prologue (power of two, <= lanes per channel).
+    packing : TritPacking
+        The packing this build decodes (the image header must match).
+    max_hidden, max_intermediate, max_layers : int
+        Buffer capacities (``ID_MAX_*``).
+    lut_segments_log2 : int
+        Sigmoid LUT size (images must match).
+
+    Attributes
+    ----------
+    s_axis_w0 .. : AXIStreamSignature(bus_bits), subordinate
+    m_axis_out : AXIStreamSignature(32), flipped (manager)
+    s_axil : AXI4LiteSignature
+    irq : Out(1)
+        Token done or error (level, until the next token starts or ``CTRL.clear``).
+    """
+
+    def __init__(self, *, lanes: int = 16, channels: int = 1, bus_bits: int = 64, quant_lanes: int = 4,
+                 packing: TritPacking = TritPacking.BASE3, max_hidden: int = 512, max_intermediate: int = 1024,
+                 max_layers: int = 8, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2):
+        for name, v in (("lanes", lanes), ("channels", channels), ("bus_bits", bus_bits),
+                        ("quant_lanes", quant_lanes), ("max_hidden", max_hidden),
+                        ("max_intermediate", max_intermediate), ("max_layers", max_layers)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise TypeError(f"{name} must be a positive integer, got {v!r}")
+        if not 1 <= channels <= 4:
+            raise ValueError(f"channels must be 1-4, got {channels}")
+        if lanes % channels or not 4 <= lanes // channels <= 256:
+            raise ValueError(f"lanes ({lanes}) must be a multiple of channels ({channels}) with 4-256 per channel")
+        if bus_bits not in (64, 128, 256, 512):
+            raise ValueError(f"bus_bits must be 64, 128, 256 or 512, got {bus_bits}")
+        if quant_lanes & (quant_lanes - 1) or quant_lanes > lanes // channels:
+            raise ValueError(f"quant_lanes ({quant_lanes}) must be a power of two <= lanes per channel")
+        if (lanes // channels) % quant_lanes:
+            raise ValueError(f"quant_lanes ({quant_lanes}) must divide lanes per channel ({lanes // channels})")
+        if max_hidden > isa.MAX_HIDDEN or max_intermediate > isa.MAX_INTERMEDIATE or max_layers > isa.MAX_LAYERS:
+            raise ValueError("buffer capacities exceed the ISA limits")
+        self.packing = TritPacking(packing)
+        self.lanes, self.channels, self.bus_bits, self.quant_lanes = lanes, channels, bus_bits, quant_lanes
+        self.max_hidden, self.max_intermediate, self.max_layers = max_hidden, max_intermediate, max_layers
+        self.lut_segments_log2 = lut_segments_log2
+        self.max_k = max(max_hidden, max_intermediate)
+        members = {f"s_axis_w{c}": Out(AXIStreamSignature(bus_bits)) for c in range(channels)}
+        members["m_axis_out"] = In(AXIStreamSignature(32))
+        members["s_axil"] = Out(AXI4LiteSignature(addr_width=8))
+        members["irq"] = Out(1)
+        super().__init__(members)
+
+    def id_values(self) -> dict:
+        return isa.id_block_values(lanes=self.lanes, channels=self.channels, bus_bits=self.bus_bits,
+                                   packings=[self.packing], quant_lanes=self.quant_lanes, max_hidden=self.max_hidden,
+                                   max_intermediate=self.max_intermediate, max_layers=self.max_layers,
+                                   max_vocab=isa.MAX_VOCAB)
+
+    # ------------------------------------------------------------------------------------------------
+    def elaborate(self, platform):  # noqa: C901 - one sequencer, read top to bottom
+        m = Module()
+        C, W = self.channels, self.bus_bits // 32
+        lpc = self.lanes // C
+        Q = self.quant_lanes
+        beat_bytes = self.bus_bits // 8
+        vmax = max(self.max_hidden, self.max_intermediate)
+        hstride = _pow2(self.max_hidden)
+        soft_rst = Signal()  # resets every datapath component (error recovery)
+
+        # ---------------- registers
+        m.submodules.regs = regs = RegisterBlock(id_values=self.id_values())
+        connect(m, wiring.flipped(self.s_axil), regs.axil)
+
+        # ---------------- components
+        def reset(elab):
+            return ResetInserter({"sync": soft_rst})(elab)
+
+        scalar = ScalarUnit()
+        quant = Quantizer(quant_lanes=Q, lanes=lpc, max_k=self.max_k)
+        epi = Epilogue(lut_segments_log2=self.lut_segments_log2)
+        m.submodules.scalar = reset(scalar)
+        m.submodules.quant = reset(quant)
+        m.submodules.epilogue = reset(epi)
+        gear, gemv, codes = [], [], []
+        for c in range(C):
+            g = TritGearbox(packing=self.packing, bus_bits=self.bus_bits, lanes=lpc)
+            e = TernaryGemv(lanes=lpc, max_k=max(self.max_k, lpc))
+            cm = memory.Memory(shape=code_word_layout(lpc), depth=e.code_depth, init=[])
+            m.submodules[f"gearbox{c}"] = reset(g)
+            m.submodules[f"gemv{c}"] = reset(e)
+            m.submodules[f"codes{c}"] = cm
+            connect(m, g.o, e.i)
+            connect(m, e.codes, cm.read_port())
+            gear.append(g)
+            gemv.append(e)
+            codes.append(cm)
+        # the quantizer's code words go to every channel's code memory
+        for cm in codes:
+            wp = cm.write_port()
+            m.d.comb += [wp.addr.eq(quant.codes.addr), wp.data.eq(quant.codes.data), wp.en.eq(quant.codes.en)]
+
+        # vectors: X, A, P (epilogue one element, quantizer Q); constants (beat-wide writes); token
+        bw = max(W, Q)
+        m.submodules.buf_x = bx = VectorBuffer(depth=self.max_hidden, banks=Q, read_group=Q)
+        m.submodules.buf_a = ba = VectorBuffer(depth=vmax, banks=Q, read_group=Q)
+        m.submodules.buf_p = bp = VectorBuffer(depth=vmax, banks=Q, read_group=Q)
+        m.submodules.buf_qc = bqc = VectorBuffer(depth=self.max_k, banks=bw, write_group=W, read_group=Q)
+        bcs = []
+        for j in range(isa.MAX_CONSTS):
+            b = VectorBuffer(depth=max(vmax, 16), banks=W, write_group=W)
+            m.submodules[f"buf_c{j}"] = b
+            bcs.append(b)
+        m.submodules.buf_token = btok = VectorBuffer(depth=self.max_hidden, banks=1)
+        state = memory.Memory(shape=INT32, depth=2 * self.max_layers * hstride, init=[])
+        m.submodules.state = state
+
+        # ---------------- channel streams
+        beats = [getattr(self, f"s_axis_w{c}") for c in range(C)]
+        draining = Signal()
+        beat_taken = [Signal(name=f"beat_taken{c}") for c in range(C)]
+        for c in range(C):
+            m.d.comb += beat_taken[c].eq(beats[c].tvalid & beats[c].tready)
+        # channels > 0 feed their gearbox (or are drained)
+        for c in range(1, C):
+            m.d.comb += [gear[c].i.payload.data.eq(beats[c].tdata), gear[c].i.valid.eq(beats[c].tvalid & ~draining),
+                         beats[c].tready.eq(gear[c].i.ready | draining)]
+
+        # channel 0: a word serializer (headers, token) or whole beats (constants, weights)
+        ch0 = beats[0]
+        beat_reg = Signal(self.bus_bits)
+        beat_last = Signal()
+        beat_full = Signal()
+        widx = Signal(range(W))
+        word = Signal(32)
+        word_last = Signal()          # the word is the last of a beat with tlast
+        word_take = Signal()
+        m.d.comb += word.eq(beat_reg.word_select(widx, 32))
+        m.d.comb += word_last.eq(beat_last & (widx == W - 1))
+        mode_word = Signal()          # 1: serializer owns channel 0; 0: beat consumers
+        beat_to_consts = Signal()
+        beat_to_gear0 = Signal()
+        with m.If(word_take):
+            m.d.sync += widx.eq(widx + 1)
+            with m.If(widx == W - 1):
+                m.d.sync += [beat_full.eq(0), widx.eq(0)]
+        more_words = Signal()         # the section goes on past the word being taken: the next beat may load
+        with m.If(mode_word & (~beat_full | (word_take & (widx == W - 1) & more_words)) & ~draining):
+            m.d.comb += ch0.tready.eq(1)
+            with m.If(ch0.tvalid):
+                m.d.sync += [beat_reg.eq(ch0.tdata), beat_last.eq(ch0.tlast), beat_full.eq(1), widx.eq(0)]
+        with m.If(draining):
+            m.d.comb += ch0.tready.eq(1)
+            m.d.sync += [beat_full.eq(0), widx.eq(0)]
+        m.d.comb += [gear[0].i.payload.data.eq(ch0.tdata), gear[0].i.valid.eq(ch0.tvalid & beat_to_gear0)]
+        with m.If(beat_to_gear0):
+            m.d.comb += ch0.tready.eq(gear[0].i.ready)
+
+        # ---------------- CRC processors
+        crc_w = crc.catalog.CRC32_ETHERNET(data_width=32).create()
+        crc_b = crc.catalog.CRC32_ETHERNET(data_width=self.bus_bits).create()
+        crc_o = crc.catalog.CRC32_ETHERNET(data_width=32).create()
+        m.submodules.crc_w, m.submodules.crc_b, m.submodules.crc_o = crc_w, crc_b, crc_o
+        m.d.comb += [crc_w.data.eq(word), crc_w.valid.eq(word_take), crc_b.data.eq(ch0.tdata)]
+
+        # ---------------- sequencer state
+        err = Signal()
+        err_cause = Signal(8)
+        err_where = Signal(32)
+        busy = Signal()
+        done = Signal()
+        position = Signal(32)
+        want_logits = Signal()
+        tok_len = Signal(16)
+        tok_words = Signal(16)        # words of the whole token packet
+        cnt = Signal(32)              # word or beat counter within the current section
+        img = Signal(512)             # image header, then instruction header (shifted in word by word)
+        ih = data.View(InstrHeader, img)
+        hidden, inter, n_layers, vocab = Signal(16), Signal(16), Signal(16), Signal(16)
+        n_instr, instr_idx = Signal(32), Signal(32)
+        state_bank = Signal()         # bank holding the committed state
+        state_valid = Signal()        # 0: the committed state reads as zero (reset, zero-state request)
+        scale_m, scale_s = Signal(27), Signal(signed(8))
+        out_scale_m, out_scale_s = Signal(27), Signal(signed(16))
+        rq_m, rq_s = Signal(26), Signal(6)
+        n_logits = Signal(16)
+        cvec, cbeat = Signal(3), Signal(16)      # constants: current vector and its beat
+        ch0_block_beats = Signal(24)
+        ch0_beats_left = Signal(24)
+        rows_done = Signal(16)
+        gear_cmd_sent = Signal()
+
+        def fail(cause: ErrorCause):
+            return [err_cause.eq(cause.value), err_where.eq(instr_idx), err.eq(1)]
+
+        # ---------------- instruction decode helpers
+        q_words = Signal(16)
+        n_words = Signal(16)
+        const_vecs = Signal(3)        # number of constant vectors (QC + C*)
+        m.d.comb += [
+            q_words.eq(((ih.k + 15) >> 4) << 4),
+            n_words.eq(((ih.n + 15) >> 4) << 4),
+            const_vecs.eq(ih.n_consts + ih.flags.as_value()[1]),
+        ]
+        vec_beats = Signal(16)
+        is_qc = Signal()
+        m.d.comb += is_qc.eq(ih.flags.as_value()[1] & (cvec == 0))
+        with m.If(is_qc):
+            m.d.comb += vec_beats.eq((q_words * 4) // beat_bytes)
+        with m.Else():
+            m.d.comb += vec_beats.eq((n_words * 4) // beat_bytes)
+
+        # constant writes (beat-wide)
+        for j, b in enumerate(bcs):
+            cj = Signal(3, name=f"cidx{j}")
+            m.d.comb += cj.eq(cvec - ih.flags.as_value()[1])
+            m.d.comb += [b.wr_wide.addr.eq(cbeat), b.wr_wide.data.eq(ch0.tdata),
+                         b.wr_wide.en.eq(beat_to_consts & ch0.tvalid & ~is_qc & (cj == j))]
+        m.d.comb += [bqc.wr_wide.addr.eq(cbeat), bqc.wr_wide.data.eq(ch0.tdata),
+                     bqc.wr_wide.en.eq(beat_to_consts & ch0.tvalid & is_qc)]
+        with m.If(beat_to_consts):
+            m.d.comb += [ch0.tready.eq(1), crc_b.valid.eq(ch0.tvalid)]
+
+        # ---------------- epilogue wiring: buffers, state banks
+        def rd(port, buf):  # an epilogue read port on a buffer (address widths differ: plain assignments)
+            m.d.comb += [buf.rd.addr.eq(port.addr), buf.rd.en.eq(port.en), port.data.eq(buf.rd.data)]
+        for name, buf in (("rd_x", bx), ("rd_a", ba), ("rd_p", bp)):
+            rd(getattr(epi, name), buf)
+        for j, b in enumerate(bcs):
+            rd(getattr(epi, f"rd_c{j}"), b)
+        layer = Signal(8)
+        so = state.read_port()
+        sn = state.read_port()
+        sw = state.write_port()
+        lstride = self.max_layers * hstride
+        base_old = Signal(range(2 * lstride))
+        base_new = Signal(range(2 * lstride))
+        hs, ls = ceil_log2(hstride), ceil_log2(lstride)
+        m.d.comb += [base_old.eq(Cat(Const(0, hs), layer) + Cat(Const(0, ls), state_bank)),
+                     base_new.eq(Cat(Const(0, hs), layer) + Cat(Const(0, ls), ~state_bank))]
+        old_valid = Signal()
+        m.d.comb += [so.addr.eq(base_old + epi.rd_state_old.addr), so.en.eq(epi.rd_state_old.en),
+                     sn.addr.eq(base_new + epi.rd_state_new.addr), sn.en.eq(epi.rd_state_new.en),
+                     epi.rd_state_new.data.eq(sn.data),
+                     sw.addr.eq(base_new + epi.wr_state_new.addr), sw.data.eq(epi.wr_state_new.data),
+                     sw.en.eq(epi.wr_state_new.en)]
+        with m.If(old_valid):
+            m.d.comb += epi.rd_state_old.data.eq(so.data)
+        # writes from the epilogue to X, A, P
+        for name, buf in (("wr_x", bx), ("wr_a", ba), ("wr_p", bp)):
+            port = getattr(epi, name)
+            m.d.comb += [buf.wr.addr.eq(port.addr), buf.wr.data.eq(port.data), buf.wr.en.eq(port.en)]
+
+        # quantizer source: X, A or P by the instruction's src; QC from its buffer
+        src = Signal(4)
+        for code, buf in ((Buffer.X, bx), (Buffer.A, ba), (Buffer.P, bp)):
+            with m.If(src == code.value):
+                m.d.comb += [buf.rd_wide.addr.eq(quant.src.addr), buf.rd_wide.en.eq(quant.src.en),
+                             quant.src.data.eq(buf.rd_wide.data)]
+        m.d.comb += [bqc.rd_wide.addr.eq(quant.qc.addr), bqc.rd_wide.en.eq(quant.qc.en),
+                     quant.qc.data.eq(bqc.rd_wide.data)]
+
+        # epilogue configuration (latched per instruction)
+        cfg_ops = Signal(data.ArrayLayout(MicroOp, isa.MAX_OPS))
+        cfg_nops = Signal(4)
+        cfg_raw = Signal()
+        m.d.comb += [epi.cfg.ops.eq(cfg_ops), epi.cfg.n_ops.eq(cfg_nops), epi.cfg.s_mant.eq(scale_m),
+                     epi.cfg.s_shift.eq(scale_s), epi.cfg.raw.eq(cfg_raw)]
+
+        # ---------------- epilogue input: token elements (LOAD_TOKEN) or GEMV rows in row order
+        feed_token = Signal()
+        tok_idx = Signal(16)
+        tok_pending = Signal()        # a token element was read last cycle
+        tok_pending_idx = Signal(16)
+        feed_rows = Signal()
+        row = Signal(16)
+        rsel = Signal(range(max(C, 2)))
+        m.d.comb += btok.rd.en.eq(1)
+        with m.If(feed_token):
+            # read one element ahead; present it when the read data arrives
+            m.d.comb += [epi.i.payload.value.eq(btok.rd.data), epi.i.payload.index.eq(tok_pending_idx),
+                         epi.i.payload.last.eq(tok_pending_idx == hidden - 1), epi.i.valid.eq(tok_pending)]
+            m.d.comb += btok.rd.addr.eq(tok_idx)
+            with m.If(~tok_pending | epi.i.ready):
+                with m.If(tok_idx < hidden):
+                    m.d.sync += [tok_pending.eq(1), tok_pending_idx.eq(tok_idx), tok_idx.eq(tok_idx + 1)]
+                with m.Else():
+                    m.d.sync += tok_pending.eq(0)
+            with m.Else():
+                m.d.comb += btok.rd.addr.eq(tok_pending_idx)
+        with m.If(feed_rows):
+            for c in range(C):
+                with m.If(rsel == c):
+                    m.d.comb += [epi.i.payload.value.eq(gemv[c].o.payload.acc), epi.i.payload.index.eq(row),
+                                 epi.i.payload.last.eq(row == ih.n - 1), epi.i.valid.eq(gemv[c].o.valid),
+                                 gemv[c].o.ready.eq(epi.i.ready)]
+            with m.If(epi.i.valid & epi.i.ready):
+                m.d.sync += row.eq(row + 1)
+                if C > 1:
+                    with m.If(rsel == C - 1):
+                        m.d.sync += rsel.eq(0)
+                    with m.Else():
+                        m.d.sync += rsel.eq(rsel + 1)
+
+        # ---------------- output stream (32-bit words): logits, then padding and the trailer
+        out = self.m_axis_out
+        out_word, out_valid, out_last = Signal(32), Signal(), Signal()
+        m.d.comb += [out.tdata.eq(out_word), out.tvalid.eq(out_valid), out.tlast.eq(out_last)]
+        out_take = Signal()
+        m.d.comb += out_take.eq(out_valid & out.tready)
+        m.d.comb += [crc_o.data.eq(out_word), crc_o.valid.eq(out_take & ~out_last)]
+        logits_on = Signal()
+        with m.If(logits_on & want_logits):
+            m.d.comb += [out_word.eq(epi.logits.payload), out_valid.eq(epi.logits.valid),
+                         epi.logits.ready.eq(out.tready)]
+            with m.If(epi.logits.valid & out.tready):
+                m.d.sync += n_logits.eq(n_logits + 1)
+        with m.Else():
+            m.d.comb += epi.logits.ready.eq(1)
+
+        # ---------------- counters
+        ctr = {c: Signal(64, name=f"ctr_{c.name.lower()}") for c in Counter}
+        for c in Counter:
+            m.d.comb += getattr(regs, f"counter_{c.name.lower()}").eq(ctr[c])
+        m.d.sync += ctr[Counter.CYCLES].eq(ctr[Counter.CYCLES] + busy)
+        m.d.sync += ctr[Counter.STREAM_BEATS].eq(ctr[Counter.STREAM_BEATS] + sum(beat_taken))
+        m.d.sync += ctr[Counter.OUT_STALLS].eq(ctr[Counter.OUT_STALLS] + (out_valid & ~out.tready))
+        chunk_trits = [Signal(range(lpc + 1), name=f"chunk_trits{c}") for c in range(C)]
+        chunk_nz = [Signal(range(lpc + 1), name=f"chunk_nz{c}") for c in range(C)]
+        for c, g in enumerate(gear):
+            m.d.comb += chunk_trits[c].eq(g.o.payload.count)
+            nz = [((g.o.payload.trits[j] != 0) & (j < g.o.payload.count)) for j in range(lpc)]
+            m.d.comb += chunk_nz[c].eq(sum(nz))
+        trits_now = Signal(32)
+        nz_now = Signal(32)
+        m.d.comb += [trits_now.eq(sum(Mux3(g.o.valid & g.o.ready, chunk_trits[c]) for c, g in enumerate(gear))),
+                     nz_now.eq(sum(Mux3(g.o.valid & g.o.ready, chunk_nz[c]) for c, g in enumerate(gear)))]
+        m.d.sync += [ctr[Counter.TRITS].eq(ctr[Counter.TRITS] + trits_now),
+                     ctr[Counter.NONZERO_TRITS].eq(ctr[Counter.NONZERO_TRITS] + nz_now),
+                     ctr[Counter.EPILOGUE_ELEMENTS].eq(ctr[Counter.EPILOGUE_ELEMENTS] + (epi.i.valid & epi.i.ready))]
+
+        # ---------------- the sequencer
+        stalls = Signal()
+        m.d.sync += ctr[Counter.STREAM_STALLS].eq(ctr[Counter.STREAM_STALLS] + stalls)
+        m.d.comb += [regs.busy.eq(busy), regs.done.eq(done), regs.error.eq(err), regs.error_cause.eq(err_cause),
+                     regs.error_where.eq(err_where), regs.position.eq(position),
+                     regs.argmax.eq(epi.argmax_index), self.irq.eq(done | err)]
+        bank_flip = Signal()
+        m.d.comb += [scalar.i.payload.cb_mant.eq(ih.cb_mant), scalar.i.payload.cb_shift.eq(ih.cb_shift),
+                     scalar.i.payload.out_frac.eq(ih.out_frac)]
+        with m.Switch(ih.ssq_reg):
+            for k in range(8):
+                with m.Case(k):
+                    m.d.comb += scalar.i.payload.ssq.eq(epi.regs[k])
+        with m.Switch(ih.amax_reg):
+            for k in range(8):
+                with m.Case(k):
+                    m.d.comb += scalar.i.payload.amax.eq(epi.regs[k][:32])
+        m.d.comb += [quant.cmd.payload.k.eq(ih.k), quant.cmd.payload.q_shift.eq(ih.q_shift),
+                     quant.cmd.payload.qconst.eq(ih.flags.as_value()[1]), quant.cmd.payload.r_mant.eq(rq_m),
+                     quant.cmd.payload.r_shift.eq(rq_s)]
+        for c, g in enumerate(gear):
+            m.d.comb += [g.cmd.payload.rows.eq((ih.n + (C - 1 - c)) // C if C > 1 else ih.n),
+                         g.cmd.payload.k.eq(ih.k)]
+
+        @contextmanager
+        def state(name, *, guarded=True):
+            """An FSM state whose transitions yield to a host abort (CTRL.abort) while a token is in flight."""
+            with m.State(name):
+                yield
+                if guarded:
+                    with m.If(regs.abort & busy):
+                        m.d.sync += fail(ErrorCause.ABORTED)
+                        m.next = "ERROR"
+
+        with m.FSM(init="TOKEN") as fsm:
+            with state("TOKEN"):
+                # token packet, word by word: magic, position, flags, length, payload, padding, CRC
+                m.d.comb += [mode_word.eq(1), more_words.eq(1), busy.eq(beat_full | ch0.tvalid)]
+                with m.If(beat_full):
+                    m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.Switch(cnt):
+                        with m.Case(0):
+                            m.d.sync += [done.eq(0)]
+                            with m.If(word != isa.TOKEN_MAGIC):
+                                m.d.sync += fail(ErrorCause.TOKEN_MAGIC)
+                                m.next = "ERROR"
+                        with m.Case(1):
+                            m.d.sync += position.eq(word)
+                        with m.Case(2):
+                            m.d.sync += want_logits.eq(word[0])
+                        with m.Case(3):
+                            m.d.sync += [tok_len.eq(word),
+                                         tok_words.eq(((20 + 4 * word[:16] + 63) >> 6) << 4)]
+                            with m.If((word == 0) | (word > self.max_hidden)):
+                                m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
+                                m.next = "ERROR"
+                    with m.If((cnt >= 4) & (cnt < 4 + tok_len)):
+                        m.d.comb += [btok.wr.addr.eq(cnt - 4), btok.wr.data.eq(word), btok.wr.en.eq(1)]
+                    with m.If((cnt > 3) & (cnt == tok_words - 1)):
+                        m.d.sync += cnt.eq(0)
+                        m.next = "TOKEN_CRC"
+            with state("TOKEN_CRC"):
+                m.d.comb += [mode_word.eq(1), busy.eq(1)]
+                with m.If(~crc_w.match_detected):
+                    m.d.sync += fail(ErrorCause.TOKEN_CRC)
+                    m.next = "ERROR"
+                with m.Else():
+                    m.next = "IMG_HDR"
+            with state("IMG_HDR"):
+                m.d.comb += [mode_word.eq(1), more_words.eq(1), busy.eq(1)]
+                with m.If(beat_full):
+                    m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
+                    m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
+                    with m.If(cnt == 15):
+                        m.d.sync += cnt.eq(0)
+                        m.next = "IMG_CHECK"
+            with state("IMG_CHECK"):
+                m.d.comb += [mode_word.eq(1), busy.eq(1)]
+                hv = data.View(isa.ImageHeader, img)
+                m.d.sync += [hidden.eq(hv.hidden), inter.eq(hv.intermediate), n_layers.eq(hv.n_layers),
+                             vocab.eq(hv.vocab), n_instr.eq(hv.n_instructions), instr_idx.eq(0)]
+                with m.If(hv.magic != isa.IMAGE_MAGIC):
+                    m.d.sync += fail(ErrorCause.BAD_MAGIC)
+                    m.next = "ERROR"
+                with m.Elif(hv.version != isa.ISA_VERSION):
+                    m.d.sync += fail(ErrorCause.BAD_VERSION)
+                    m.next = "ERROR"
+                with m.Elif(~crc_w.match_detected):
+                    m.d.sync += fail(ErrorCause.HEADER_CRC)
+                    m.next = "ERROR"
+                with m.Elif((hv.packing.as_value() != self.packing.value) | (hv.channels != C)
+                            | (hv.hidden == 0) | (hv.hidden > self.max_hidden)
+                            | (hv.intermediate == 0) | (hv.intermediate > self.max_intermediate)
+                            | (hv.n_layers == 0) | (hv.n_layers > self.max_layers) | (hv.vocab == 0)
+                            | (hv.lut_segments_log2 != self.lut_segments_log2)):
+                    m.d.sync += fail(ErrorCause.BAD_SHAPE)
+                    m.next = "ERROR"
+                with m.Elif(hv.hidden != tok_len):
+                    m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
+                    m.next = "ERROR"
+                with m.Else():
+                    m.next = "INSTR_HDR"
+            with state("INSTR_HDR"):
+                m.d.comb += [mode_word.eq(1), more_words.eq(cnt != 15), busy.eq(1)]
+                with m.If(instr_idx == n_instr):
+                    m.d.sync += fail(ErrorCause.NO_END)
+                    m.next = "ERROR"
+                with m.Elif(beat_full):
+                    m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
+                    m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
+                    with m.If(word_last & (cnt != 15)):
+                        m.d.sync += fail(ErrorCause.TRUNCATED)
+                        m.next = "ERROR"
+                    with m.Elif(cnt == 15):
+                        m.d.sync += cnt.eq(0)
+                        m.next = "INSTR_CHECK"
+            with state("INSTR_CHECK"):
+                m.d.comb += busy.eq(1)        # channel 0 now waits at the constants' (or weights') first beat
+                bad_op = Signal()
+                bad_shape = Signal()
+                op_ok = []
+                for j in range(isa.MAX_OPS):
+                    u = ih.ops[j]
+                    code = u.as_value()[0:5]
+                    bufv = u.as_value()[11:15]
+                    used = j < ih.n_ops
+                    is_const = (bufv >= Buffer.C0.value) & (bufv <= Buffer.C3.value)
+                    const_ok = ~is_const | ((bufv - Buffer.C0.value) < ih.n_consts)
+                    buf_ok = (bufv <= Buffer.TOKEN.value) | is_const | (bufv == Buffer.NONE.value)
+                    sig = (code == MicroOpcode.SIG.value) | (code == MicroOpcode.SIGNEG.value) | \
+                        (code == MicroOpcode.SILU.value)
+                    sig_ok = ~sig | (u.shift >= self.lut_segments_log2 - nx.LUT_RANGE_LOG2)
+                    op_ok.append(~used | (buf_ok & (u.shift <= 62) & const_ok & sig_ok & (code <= 15)))
+                m.d.comb += bad_op.eq(~Cat(*op_ok).all() | (ih.n_ops > isa.MAX_OPS))
+                opc = ih.as_value()[0:8]
+                is_gemv = opc == Opcode.GEMV.value
+                kk, nn = ih.k, ih.n
+                m.d.comb += bad_shape.eq(
+                    (is_gemv & ((kk == 0) | (kk > self.max_k) | ((kk != hidden) & (kk != inter))
+                                | ((nn != hidden) & (nn != inter) & (nn != vocab)) | (ih.layer >= n_layers)))
+                    | ((opc == Opcode.LOAD_TOKEN.value) & (nn != hidden))
+                    | ((opc == Opcode.END_TOKEN.value) & (instr_idx != n_instr - 1)))
+                srcv = ih.as_value()[64:68]
+                m.d.sync += [src.eq(srcv), layer.eq(ih.layer), cfg_ops.eq(ih.ops), cfg_nops.eq(ih.n_ops),
+                             cvec.eq(0), cbeat.eq(0), cnt.eq(0)]
+                with m.If(~crc_w.match_detected):
+                    m.d.sync += fail(ErrorCause.INSTR_CRC)
+                    m.next = "ERROR"
+                with m.Elif((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)):
+                    m.d.sync += fail(ErrorCause.UNKNOWN_OPCODE)
+                    m.next = "ERROR"
+                with m.Elif(bad_op | (ih.n_consts > isa.MAX_CONSTS)
+                            | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
+                               & (srcv != Buffer.P.value))):
+                    m.d.sync += fail(ErrorCause.BAD_MICROOP)
+                    m.next = "ERROR"
+                with m.Elif(bad_shape):
+                    m.d.sync += fail(ErrorCause.BAD_SHAPE)
+                    m.next = "ERROR"
+                with m.Elif(opc == Opcode.END_TOKEN.value):
+                    m.next = "END"
+                with m.Elif(const_vecs != 0):
+                    m.next = "CONSTS"
+                with m.Else():
+                    m.next = "EXEC"
+            with state("CONSTS"):
+                m.d.comb += [beat_to_consts.eq(1), busy.eq(1), crc_b.start.eq((cvec == 0) & (cbeat == 0))]
+                with m.If(ch0.tvalid):
+                    m.d.sync += cbeat.eq(cbeat + 1)
+                    with m.If(cbeat == vec_beats - 1):
+                        m.d.sync += [cbeat.eq(0), cvec.eq(cvec + 1)]
+                        with m.If(cvec == const_vecs - 1):
+                            m.next = "CONST_CHECK"
+                    with m.If(ch0.tlast):
+                        m.d.sync += fail(ErrorCause.TRUNCATED)
+                        m.next = "ERROR"
+            with state("CONST_CHECK"):
+                m.d.comb += busy.eq(1)
+                with m.If(crc_b.crc != ih.const_crc):
+                    m.d.sync += fail(ErrorCause.CONST_CRC)
+                    m.next = "ERROR"
+                with m.Else():
+                    m.next = "EXEC"
+            with state("EXEC"):
+                m.d.comb += busy.eq(1)
+                m.d.sync += [rows_done.eq(0), row.eq(0), rsel.eq(0), tok_idx.eq(0), tok_pending.eq(0),
+                             gear_cmd_sent.eq(0), ch0_beats_left.eq(0)]
+                with m.If(ih.as_value()[0:8] == Opcode.LOAD_TOKEN.value):
+                    m.d.sync += cfg_raw.eq(1)
+                    m.d.comb += epi.start.eq(1)
+                    m.next = "RUN_TOKEN"
+                with m.Elif(ih.flags.as_value()[0]):   # REUSE_CODES: the previous GEMV's codes and scale
+                    m.d.sync += cfg_raw.eq(0)
+                    m.next = "GEMV_START"
+                with m.Else():
+                    m.d.sync += cfg_raw.eq(0)
+                    m.next = "SCALAR"
+            with state("SCALAR"):
+                m.d.comb += [busy.eq(1), scalar.i.valid.eq(1)]
+                m.d.sync += ctr[Counter.SCALAR_CYCLES].eq(ctr[Counter.SCALAR_CYCLES] + 1)
+                with m.If(scalar.i.ready):
+                    m.next = "SCALAR_WAIT"
+            with state("SCALAR_WAIT"):
+                m.d.comb += [busy.eq(1), scalar.o.ready.eq(1)]
+                m.d.sync += ctr[Counter.SCALAR_CYCLES].eq(ctr[Counter.SCALAR_CYCLES] + 1)
+                with m.If(scalar.o.valid):
+                    m.d.sync += [rq_m.eq(scalar.o.payload.r_mant), rq_s.eq(scalar.o.payload.r_shift),
+                                 scale_m.eq(scalar.o.payload.s_mant), scale_s.eq(scalar.o.payload.s_shift)]
+                    m.next = "QUANT"
+            with state("QUANT"):
+                m.d.comb += [busy.eq(1), quant.cmd.valid.eq(1)]
+                m.d.sync += ctr[Counter.QUANT_CYCLES].eq(ctr[Counter.QUANT_CYCLES] + 1)
+                with m.If(quant.cmd.ready):
+                    m.next = "QUANT_WAIT"
+            with state("QUANT_WAIT"):
+                m.d.comb += busy.eq(1)
+                m.d.sync += ctr[Counter.QUANT_CYCLES].eq(ctr[Counter.QUANT_CYCLES] + 1)
+                with m.If(quant.done):
+                    m.next = "GEMV_START"
+            with state("GEMV_START"):
+                m.d.comb += [busy.eq(1), epi.start.eq(1)]
+                with m.If(ih.flags.as_value()[2]):  # LOGITS: this is the LM head
+                    m.d.sync += [out_scale_m.eq(scale_m), out_scale_s.eq(scale_s + ih.out_frac), n_logits.eq(0)]
+                blk = (((ih.n + C - 1) // C) * ih.k)
+                per = 5 if self.packing is TritPacking.BASE3 else 4
+                m.d.sync += ch0_block_beats.eq((((blk + per - 1) // per + 63) >> 6) * (64 // beat_bytes))
+                m.next = "GEMV"
+            with state("GEMV"):
+                m.d.comb += [busy.eq(1), feed_rows.eq(1), beat_to_gear0.eq(cnt < ch0_block_beats)]
+                m.d.comb += logits_on.eq(ih.flags.as_value()[2])
+                m.d.sync += ctr[Counter.GEMV_CYCLES].eq(ctr[Counter.GEMV_CYCLES] + 1)
+                m.d.comb += stalls.eq(Cat(*[~g.o.valid & g.o.ready for g in gear]).any())
+                # one command per channel, once
+                for g in gear:
+                    m.d.comb += g.cmd.valid.eq(~gear_cmd_sent)
+                with m.If(~gear_cmd_sent & Cat(*[g.cmd.ready for g in gear]).all()):
+                    m.d.sync += gear_cmd_sent.eq(1)
+                with m.If(beat_taken[0] & beat_to_gear0):
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(ch0.tlast):  # the image ends with END_TOKEN: no weight beat may be last
+                        m.d.sync += fail(ErrorCause.TRUNCATED)
+                        m.next = "ERROR"
+                with m.If(Cat(*[g.bad_trit for g in gear]).any()):
+                    m.d.sync += fail(ErrorCause.BAD_TRIT)
+                    m.next = "ERROR"
+                with m.Elif(epi.done):
+                    m.next = "GEMV_DRAIN"
+            with state("GEMV_DRAIN"):
+                # the epilogue is done; channel 0 may still hold the block's padding beats
+                m.d.comb += [busy.eq(1), beat_to_gear0.eq(cnt < ch0_block_beats)]
+                with m.If(beat_taken[0]):
+                    m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt >= ch0_block_beats):
+                    m.d.sync += cnt.eq(0)
+                    m.next = "NEXT"
+            with state("RUN_TOKEN"):
+                m.d.comb += [busy.eq(1), feed_token.eq(1)]
+                with m.If(epi.done):
+                    m.next = "NEXT"
+            with state("NEXT"):
+                m.d.comb += [mode_word.eq(1), busy.eq(1)]
+                m.d.sync += [instr_idx.eq(instr_idx + 1), cnt.eq(0),
+                             ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + 1)]
+                m.next = "INSTR_HDR"
+            with state("END"):
+                # padding words, then the trailer; the logits (if any) went out during the LM head
+                m.d.comb += busy.eq(1)
+                pad_words = Signal(16)
+                m.d.comb += pad_words.eq((-(n_logits + 8)) & 15)
+                idx = Signal(16)
+                m.d.comb += idx.eq(cnt)
+                m.d.comb += out_valid.eq(1)
+                with m.If(idx < pad_words):
+                    m.d.comb += out_word.eq(0)
+                with m.Else():
+                    k = idx - pad_words
+                    with m.Switch(k):
+                        with m.Case(0):
+                            m.d.comb += out_word.eq(isa.OUTPUT_MAGIC)
+                        with m.Case(1):
+                            m.d.comb += out_word.eq(position)
+                        with m.Case(2):
+                            m.d.comb += out_word.eq(epi.argmax_index)
+                        with m.Case(3):
+                            m.d.comb += out_word.eq(epi.argmax_value)
+                        with m.Case(4):
+                            m.d.comb += out_word.eq(out_scale_m)
+                        with m.Case(5):
+                            m.d.comb += out_word.eq(out_scale_s.as_signed())
+                        with m.Case(6):
+                            m.d.comb += out_word.eq(n_logits)
+                        with m.Case(7):
+                            m.d.comb += [out_word.eq(crc_o.crc), out_last.eq(1)]
+                with m.If(out_take):
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(out_last):
+                        m.d.sync += [cnt.eq(0), bank_flip.eq(1)]
+                        m.next = "COMMIT"
+            with state("COMMIT", guarded=False):
+                m.d.sync += [state_bank.eq(~state_bank), state_valid.eq(1), bank_flip.eq(0), done.eq(1),
+                             position.eq(position), ctr[Counter.TOKENS].eq(ctr[Counter.TOKENS] + 1),
+                             cnt.eq(0)]
+                m.next = "TOKEN"
+            with state("ERROR", guarded=False):
+                m.d.comb += [draining.eq(1), soft_rst.eq(1)]
+                m.d.sync += [cnt.eq(0), tok_pending.eq(0)]
+                with m.If(regs.clear):
+                    m.d.sync += [err.eq(0), err_cause.eq(0)]
+                    m.next = "TOKEN"
+        self._debug = {"fsm": fsm, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause, "beat_full": beat_full,
+                       "widx": widx, "word": word}
+        # the output CRC restarts with each packet: after the previous trailer
+        first_out = Signal(init=1)
+        with m.If(out_take):
+            m.d.sync += first_out.eq(out_last)
+        m.d.comb += crc_o.start.eq(first_out & out_take)
+        m.d.comb += old_valid.eq(state_valid)
+        return m
+
+
+def Mux3(cond, value):  # noqa: N802 - a value when cond, else 0
+    return Mux(cond, value, 0)
