@@ -1,8 +1,8 @@
 """Compiler: quantized HGRN-Bit weights -> GEMV + epilogue program -> model image bytes.
 
 Every BitLinear becomes one ternary GEMV whose epilogue program runs on each output element while it is
-on chip (the CODA GEMM-plus-epilogue abstraction, DESIGN.md section 3). The algebra that makes it work
-(DESIGN.md section 2, facts 1-3):
+on chip (the CODA GEMM-plus-epilogue abstraction, docs/ARCHITECTURE.md section 3). The algebra that makes it work
+(docs/ARCHITECTURE.md section 2, facts 1-3):
 
 * Absmax codes ignore a positive per-vector scale, so a BitLinear fed by ``RMSNorm(x) * gamma_b`` needs
   only the codes of ``x * gamma_b * gamma_own`` and, for its output scale, the absmax of that product

@@ -1,4 +1,4 @@
-"""Cycle model of the accelerator and the decode roofline of DESIGN.md section 4.
+"""Cycle model of the accelerator and the decode roofline of docs/ARCHITECTURE.md section 4.
 
 The golden device predicts every counter of :class:`hw.isa.Counter` per instruction from this model;
 the RTL's counters are compared against it. The model is the datapath's schedule written down. The
@@ -36,7 +36,7 @@ hardware and in the image layout); with any of them on, a token is scheduled as 
 (:func:`schedule`) in which an instruction's cost depends on the ones before it, so use
 :func:`token_counters` rather than :func:`instruction_counters`.
 
-Stream efficiency (DESIGN.md section 3) is
+Stream efficiency (docs/ARCHITECTURE.md section 3) is
 ``max(image bytes / (channels * beat bytes), trits / lanes) / cycles`` over a whole token.
 
 Model programs of any shape (the released 370M, 1.3B and 2.7B included) are described without weights
@@ -579,7 +579,7 @@ def instruction_counters(ins, info, build: BuildParams) -> dict[Counter, int]:
 
 
 def stream_efficiency(image_bytes: int, trits: int, cycles: int, build: BuildParams) -> float:
-    """DESIGN.md section 3: share of the cycles in which the binding resource did useful work."""
+    """docs/ARCHITECTURE.md section 3: share of the cycles in which the binding resource did useful work."""
     return max(image_bytes / (build.channels * build.beat_bytes), trits / build.lanes) / cycles
 
 
@@ -638,7 +638,7 @@ def token_prediction(program: ProgramShape, build: BuildParams) -> dict:
 # ------------------------------------------------------------------------------------------- roofline
 @dataclass(frozen=True)
 class Board:
-    """A target of DESIGN.md section 4 (peak figures from the vendors' datasheets, as cited there)."""
+    """A target of docs/ARCHITECTURE.md section 4 (peak figures from the vendors' datasheets, as cited there)."""
 
     name: str
     dram_gbs: float       #: DRAM peak bandwidth, GB/s
@@ -658,7 +658,7 @@ BOARDS = {
 
 
 def roofline(image_bytes: int, trits: int, build: BuildParams, board: Board) -> dict[str, float]:
-    """Decode tokens/s bounds (DESIGN.md section 4): the smallest of four rates binds.
+    """Decode tokens/s bounds (docs/ARCHITECTURE.md section 4): the smallest of four rates binds.
 
     Returns a dict with ``dram``, ``ports``, ``channels`` (bus x Fmax) and ``lanes`` (trits x Fmax)
     in tokens/s, ``bound`` (their minimum) and ``binding`` (its name). Fmax is the smaller of the

@@ -183,7 +183,7 @@ def dequant_scale(ssq: int, amax: int, cb_mant: int, cb_shift: int,
     """Per-token dequantization scale of a GEMV: ``v = acc * s_mant * 2**-s_shift``.
 
     BitLinear's output is ``acc * beta * max|u| / 127`` with ``u`` the RMS-normalized input; since
-    absmax codes ignore a positive scale (DESIGN.md section 2, facts 1 and 2), this equals
+    absmax codes ignore a positive scale (docs/ARCHITECTURE.md section 2, facts 1 and 2), this equals
     ``acc * Cb * A / sqrt(ssq)`` with ``Cb = beta sqrt(K) / 127`` (``cb_mant * 2**-cb_shift``), ``A``
     the absmax and ``ssq`` the sum of squares of the pre-norm input (same units; the register holds
     squares shifted right by :data:`SSQ_SHIFT`, hence the ``+ SSQ_SHIFT / 2`` in the shift). The scalar

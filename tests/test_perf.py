@@ -202,7 +202,7 @@ def test_context_dependent_options_refuse_per_instruction_counters():
 
 
 def test_design_md_figures():
-    """DESIGN.md section 4: 370M = 341 M trits, 68 MB at 1.6 bits, 85 MB at 2 bits; 256 lanes at 250 MHz
+    """docs/ARCHITECTURE.md section 4: 370M = 341 M trits, 68 MB at 1.6 bits, 85 MB at 2 bits; 256 lanes at 250 MHz
     bound it at ~188 tok/s; per-port rates of the boards table."""
     p16 = program_shapes(*SHAPES["370M"], packing=TritPacking.BASE3)
     p2 = program_shapes(*SHAPES["370M"], packing=TritPacking.BITS2)

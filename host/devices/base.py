@@ -1,6 +1,6 @@
 """The one interface every device implements: load a model, run tokens, read logits and counters.
 
-DESIGN.md section 1: the float reference, the golden ISS (the bit-exact oracle), the Verilated RTL and
+docs/ARCHITECTURE.md section 1: the float reference, the golden ISS (the bit-exact oracle), the Verilated RTL and
 the boards (PYNQ, XRT) all sit behind :class:`Device`, so :mod:`host.generate`, :mod:`host.evaluate`
 and the CLI run unchanged on any of them (the pattern of Glasgow's ``abstract.py`` and corundum's
 driver model).

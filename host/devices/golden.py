@@ -27,8 +27,8 @@ from hw import isa
 from hw import numerics as nx
 from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputTrailer, TokenHeader
 
-__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "make_output_packet", "parse_output_packet",
-           "OutputPacket"]
+__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "make_output_packet",
+           "parse_output_packet", "OutputPacket"]
 
 M = MicroOpcode
 _BASE3 = isa.BASE3_DECODE.astype(np.int32)

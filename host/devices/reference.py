@@ -1,6 +1,6 @@
 """The reference device: the float numpy model of :mod:`host.reference` behind the Device interface.
 
-It is the accuracy yardstick (DESIGN.md section 1): float32 arithmetic, no fixed-point formats, no
+It is the accuracy yardstick (docs/ARCHITECTURE.md section 1): float32 arithmetic, no fixed-point formats, no
 counters beyond the common ones. Prompts and scored text run through the model's vectorized
 ``forward`` (all positions of a window at once); decode runs ``step``.
 """

@@ -1,7 +1,7 @@
 """Power: measurement on boards, an activity-based estimate without one, accounting, a governor.
 
 Watts, joules per token and tokens per joule the way papers report them, and whether a run stayed
-within its power budget (13 W by default) on a named rail set (DESIGN.md section 4).
+within its power budget (13 W by default) on a named rail set (docs/ARCHITECTURE.md section 4).
 
 * Sources (:mod:`host.power.base`): ``pynq`` (:mod:`~host.power.pynq_rails`), ``ina260``
   (:mod:`~host.power.ina260`), ``xrt`` (:mod:`~host.power.xrt`), ``csv`` (:mod:`~host.power.meter`),

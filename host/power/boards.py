@@ -1,6 +1,6 @@
 """Boards for power work: their family, memory, default measured source and default budget rails.
 
-DESIGN.md section 4: a power budget means something only on a named set of rails (or as draw above
+docs/ARCHITECTURE.md section 4: a power budget means something only on a named set of rails (or as draw above
 idle), so each board names the rails its budget is checked on by default, for each source:
 
 * KV260: the SOM's 5 V input (``VCC_SOM``), measured by the INA260 (U14, I2C address 0x40 on the

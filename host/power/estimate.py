@@ -148,7 +148,8 @@ IDLE: dict[str, dict[str, Constant]] = {
     "kv260": {"total": Constant(3.5, "W", "assumption", "K26 SOM 5 V input (VCC_SOM); " + _IDLE_BASIS),
               "pl": Constant(0.35, "W", "assumption", "K26 (XCK26) PL static near 25 C; " + _IDLE_BASIS)},
     "zcu104": {"total": Constant(14.0, "W", "assumption",
-                                 "ZCU104 12 V input; DESIGN.md section 4 says it idles near 14 W; " + _IDLE_BASIS),
+                                 "ZCU104 12 V input; docs/ARCHITECTURE.md section 4: it idles near 14 W; "
+                                 + _IDLE_BASIS),
                "pl": Constant(0.9, "W", "assumption", "XCZU7EV PL rails at idle; " + _IDLE_BASIS)},
     "u55c": {"total": Constant(25.0, "W", "assumption", "Alveo U55C card with its shell loaded; " + _IDLE_BASIS),
              "pl": Constant(8.0, "W", "assumption", "XCU55C static near 40 C; " + _IDLE_BASIS)},
