@@ -439,6 +439,18 @@ def _check_shape(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) 
                 op.shift < info.lut_segments_log2 - LUT_RANGE_LOG2:
             raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j}: sigmoid input Q.{op.shift} is coarser than "
                              "the LUT's segments", **where)
+    # The epilogue reads every buffer as an element enters and writes as it leaves: a program may not
+    # read a buffer after storing to it (docs/ISA.md, "hazard rule").
+    stored: set[Buffer] = set()
+    for j, op in enumerate(ins.ops):
+        if op.op in _READS_BUF and op.buf in stored:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j} reads {op.buf.name} after a store to it in the "
+                             "same program", **where)
+        if op.op is MicroOpcode.ST:
+            stored.add(op.buf)
+
+
+_READS_BUF = (MicroOpcode.LD, MicroOpcode.MULV, MicroOpcode.ADDV, MicroOpcode.SSQ, MicroOpcode.AMAX)
 
 
 def _check_trits(block: np.ndarray, n_trits: int, packing: TritPacking, offset: int, idx: int) -> None:

@@ -535,7 +535,18 @@ class Accelerator(wiring.Component):
                         (code == MicroOpcode.SILU.value)
                     sig_ok = ~sig | (u.shift >= self.lut_segments_log2 - nx.LUT_RANGE_LOG2)
                     op_ok.append(~used | (buf_ok & (u.shift <= 62) & const_ok & sig_ok & (code <= 15)))
-                m.d.comb += bad_op.eq(~Cat(*op_ok).all() | (ih.n_ops > isa.MAX_OPS))
+                # hazard rule: no read of a buffer after a store to it in the same program (docs/ISA.md)
+                hazards = []
+                for j in range(isa.MAX_OPS):
+                    uj = ih.ops[j].as_value()
+                    reads_j = Cat(*[uj[0:5] == o.value for o in (MicroOpcode.LD, MicroOpcode.MULV,
+                                                                 MicroOpcode.ADDV, MicroOpcode.SSQ,
+                                                                 MicroOpcode.AMAX)]).any()
+                    for i in range(j):
+                        ui = ih.ops[i].as_value()
+                        hazards.append((j < ih.n_ops) & reads_j & (ui[0:5] == MicroOpcode.ST.value)
+                                       & (ui[11:15] == uj[11:15]))
+                m.d.comb += bad_op.eq(~Cat(*op_ok).all() | (ih.n_ops > isa.MAX_OPS) | Cat(*hazards).any())
                 opc = ih.as_value()[0:8]
                 is_gemv = opc == Opcode.GEMV.value
                 kk, nn = ih.k, ih.n

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from host.compiler import CompileOptions, Formats, calibrate, compile_model, compile_program
 from host.devices import golden
 from host.devices.golden import GoldenMachine, _kernels, make_token_packet, parse_output_packet
-from host.image import Instruction, MicroOpSpec, assemble, channel_rows, parse_image
+from host.image import ImageError, Instruction, MicroOpSpec, assemble, channel_rows, parse_image
 from host.model import HGRNBitConfig, random_weights
 from hw import isa
 from hw import numerics as nx
@@ -31,6 +31,7 @@ from hw.isa import (
     REGISTER_MAP,
     Buffer,
     Counter,
+    ErrorCause,
     ImageHeader,
     InstrHeader,
     MicroOp,
@@ -554,10 +555,8 @@ def test_registers_start_at_zero_and_ld_keeps_the_loaded_value():
     """Regression (golden device): r2, r3 start at 0 (they were None), and a register loaded by LD keeps the
     value it read when a later ST overwrites that buffer element (LD returned a view of the buffer)."""
     x = np.arange(1, H + 1, dtype=np.int64) * 1000
-    ops = [MicroOpSpec(MicroOpcode.ST, a=0, buf=Buffer.X),          # X = x
-           MicroOpSpec(MicroOpcode.LD, dst=2, buf=Buffer.X),        # r2 = x
-           MicroOpSpec(MicroOpcode.ADD, dst=3, a=0, b=0),           # r3 = 2x
-           MicroOpSpec(MicroOpcode.ST, a=3, buf=Buffer.X),          # X = 2x; r2 stays x
+    ops = [MicroOpSpec(MicroOpcode.LD, dst=2, buf=Buffer.X),        # r2 = X = 0 at the start of a token
+           MicroOpSpec(MicroOpcode.ST, a=0, buf=Buffer.X),          # X = x; r2 stays 0
            MicroOpSpec(MicroOpcode.OUT, a=2),
            MicroOpSpec(MicroOpcode.LD, dst=3, buf=Buffer.A),        # A is zero at the start of a token
            MicroOpSpec(MicroOpcode.ADD, dst=1, a=1, b=3),           # r1 = x + 0
@@ -569,7 +568,18 @@ def test_registers_start_at_zero_and_ld_keeps_the_loaded_value():
                    residual_frac=16, state_frac=20, gate_frac=nx.GATE_FRAC, lut_segments_log2=nx.LUT_SEGMENTS_LOG2)
     m = GoldenMachine(img)
     got = parse_output_packet(m.run_token(make_token_packet(x), m.init_state()).output).logits_acc
-    assert np.array_equal(got, np.concatenate([x, x, np.zeros(H, np.int64)]))
+    assert np.array_equal(got, np.concatenate([np.zeros(H, np.int64), x, np.zeros(H, np.int64)]))
+
+
+def test_reading_a_buffer_after_storing_to_it_is_rejected():
+    """The hazard rule (docs/ISA.md): the pipeline reads at entry and writes at exit."""
+    ops = [MicroOpSpec(MicroOpcode.ST, a=0, buf=Buffer.X), MicroOpSpec(MicroOpcode.LD, dst=2, buf=Buffer.X)]
+    prog = [Instruction(Opcode.LOAD_TOKEN, n=H, ops=ops), Instruction(Opcode.END_TOKEN)]
+    img = assemble(prog, packing=TritPacking.BASE3, channels=1, n_layers=1, hidden=H, intermediate=H, vocab=H,
+                   residual_frac=16, state_frac=20, gate_frac=nx.GATE_FRAC, lut_segments_log2=nx.LUT_SEGMENTS_LOG2)
+    with pytest.raises(ImageError, match="reads X after a store") as exc:
+        parse_image(img)
+    assert exc.value.cause is ErrorCause.BAD_MICROOP and exc.value.instruction == 0
 
 
 # ------------------------------------------------------------------------------------------ docs/ISA.md
