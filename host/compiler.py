@@ -49,7 +49,8 @@ R0, R1, R2, R3, R4, R5, R6, R7 = range(8)
 
 
 MIN_FRAC, MAX_FRAC = 8, 28
-HEADROOM_BITS = 2
+HEADROOM_BITS = 3  # random-token calibration must also cover real text (bench_numerics: the GLU product of
+#                   layer 3 of the shipped model reached 1.07x its 2-bit-headroom range on held-out text)
 
 
 def frac_for(maxabs: float, headroom_bits: int = HEADROOM_BITS) -> int:

@@ -23,9 +23,10 @@ HELDOUT = ROOT / "data" / "pydoc" / "heldout.txt"
 # defaults: temperature 0.8, top-k 50, top-p 0.95, repetition penalty 1.1) on the default, golden device:
 # integer arithmetic end to end, so the text is the same on every machine.
 PINNED_SAMPLED = (
-    " has an\nauditable interface to the user of a web browser. The standard library is\nimplemented by "
-    "default. It adds or removing these functions as their\n:attr:`~ExtensionInputSource.excepthook` and "
-    ":class:`ErrorHandler` interfaces.\n\n\n.. function:: read_history(connection, message=None, header"
+    " has an\nauditable interface to the Windows installer.\n\n\n.. _venv-software:\n\nSimple Memory Access\n"
+    "==========================\n\nWhen running Python from a virtual environment, there is no current user agent\n"
+    "references to your system, and it can be more appropriate to determine if a different directory\nyou cannot "
+    "use. Therefore if"
 )
 # The same on the float reference (float32 numpy: the same text on this machine family; another libm or
 # SIMD path may round a sigmoid differently and take another branch).
