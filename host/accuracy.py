@@ -13,8 +13,10 @@ Both devices consume the same token sequence, each carrying its own recurrent st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -25,7 +27,9 @@ from host.model import HGRNBitConfig, ModelWeights, random_weights
 from host.reference import ReferenceModel
 from hw import numerics as nx
 
-__all__ = ["SHAPE_370M", "cosine", "shipped_model_accuracy", "random_model_accuracy"]
+__all__ = ["SHAPE_370M", "cosine", "shipped_model_accuracy", "random_model_accuracy", "scoring_windows",
+           "reference_window_logits", "golden_window_logits", "NextTokenComparison", "compare_next_token",
+           "with_embedding_noise"]
 
 SHAPE_370M = {"hidden_size": 1024, "intermediate_size": 2816}
 
@@ -139,3 +143,105 @@ def random_model_accuracy(*, layers: int = 2, tokens: int = 2048, vocab: int = 3
     cos_h = [cosine(nx.from_fixed(gold._state[li], sfrac), state_r[li]) for li in range(layers)]
     return RandomAccuracy(layers, tokens, gamma_spread, cos_o, cos_d, cos_h, min(cos_o + cos_d), min(cos_h),
                           time.time() - t0)
+
+
+# ------------------------------------------------------------------ logit-level comparison helpers
+# Used by bench/bench_numerics.py: the same windows as :func:`shipped_model_accuracy`, but the logits are
+# kept so that several devices (or perturbed copies of the reference) can be compared pairwise without
+# recomputing the reference.
+def scoring_windows(token_ids: np.ndarray, *, context: int = 512, bos: int = 1) -> Iterator[tuple[np.ndarray,
+                                                                                                   np.ndarray]]:
+    """``(inputs, targets)`` of each window of ``context`` tokens: BOS first, as
+    :func:`shipped_model_accuracy` and :mod:`host.evaluate` score text (every window from a zero state)."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    for s in range(0, len(ids), context):
+        win = ids[s:s + context]
+        yield np.concatenate([[bos], win[:-1]]).astype(np.int64), win
+
+
+def reference_window_logits(ref: ReferenceModel, token_ids: np.ndarray, *, context: int = 512,
+                            bos: int = 1) -> np.ndarray:
+    """Next-token logits of the float reference over :func:`scoring_windows`: float32 [len(token_ids), V]."""
+    return np.concatenate([ref.forward(inp)[0] for inp, _ in scoring_windows(token_ids, context=context, bos=bos)])
+
+
+def golden_window_logits(gold: GoldenDevice, token_ids: np.ndarray, *, context: int = 512,
+                         bos: int = 1) -> np.ndarray:
+    """Next-token logits of a loaded golden device, token by token, over :func:`scoring_windows`
+    (the device is reset before each window): float32 [len(token_ids), V]."""
+    out = []
+    for inp, _ in scoring_windows(token_ids, context=context, bos=bos):
+        gold.reset()
+        out.append(np.stack([gold.step(int(t)) for t in inp]))
+    return np.concatenate(out)
+
+
+@dataclass
+class NextTokenComparison:
+    """Perplexity and greedy agreement of a model ``b`` against a yardstick ``a`` on the same targets.
+
+    ``confident_*`` restrict the agreement to positions where ``a``'s top-2 logit gap exceeds ``gap``
+    (in logit units, nats): there a flip needs a logit error of at least ``gap / 2``.
+    """
+
+    positions: int
+    ppl_a: float
+    ppl_b: float
+    ppl_rel_diff: float              #: ``|ppl_b - ppl_a| / ppl_a``
+    greedy_agreement: float          #: share of positions with the same argmax
+    gap: float
+    confident_positions: int         #: positions with ``a``'s top-2 gap > ``gap``
+    confident_agreement: float       #: greedy agreement on those positions (1.0 if there are none)
+    max_abs_logit_diff: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare_next_token(logits_a: np.ndarray, logits_b: np.ndarray, targets: np.ndarray, *,
+                       gap: float = 0.05) -> NextTokenComparison:
+    """Compare two [T, V] logit arrays against the targets [T] (int): see :class:`NextTokenComparison`.
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree.
+    """
+    a = np.asarray(logits_a)
+    b = np.asarray(logits_b)
+    t = np.asarray(targets, dtype=np.int64)
+    if a.shape != b.shape or a.ndim != 2 or a.shape[0] != t.size:
+        raise ValueError(f"logits {a.shape} and {b.shape} and targets {t.shape} do not match")
+    n = t.size
+    rows = np.arange(n)
+    pa = math.exp(-float(_log_softmax(a)[rows, t].sum()) / n)
+    pb = math.exp(-float(_log_softmax(b)[rows, t].sum()) / n)
+    same = a.argmax(-1) == b.argmax(-1)
+    top2 = np.partition(a.astype(np.float64), -2, axis=-1)[:, -2:]
+    confident = (top2[:, 1] - top2[:, 0]) > gap
+    nc = int(confident.sum())
+    return NextTokenComparison(
+        positions=n, ppl_a=pa, ppl_b=pb, ppl_rel_diff=abs(pb - pa) / pa, greedy_agreement=float(same.mean()),
+        gap=float(gap), confident_positions=nc,
+        confident_agreement=float(same[confident].mean()) if nc else 1.0,
+        max_abs_logit_diff=float(np.max(np.abs(a.astype(np.float64) - b))))
+
+
+def with_embedding_noise(weights: ModelWeights, rel: float, *, seed: int = 0) -> tuple[ModelWeights, float]:
+    """A copy of ``weights`` whose embeddings carry relative Gaussian noise: ``e * (1 + rel * N(0, 1))``,
+    computed in float64 and rounded to float32 (other arrays are shared, not copied).
+
+    The float reference run on such a copy measures the model's own sensitivity (its noise floor): a
+    ternary/int8 network flips activation codes at rounding boundaries and the recurrence carries the
+    flip forward, so even a perturbation near float32's resolution changes some greedy choices.
+
+    Returns
+    -------
+    weights : ModelWeights
+    changed : float
+        Share of embedding elements whose float32 value actually changed.
+    """
+    e = np.asarray(weights.embeddings, dtype=np.float32)
+    noise = np.random.default_rng(seed).standard_normal(e.shape)
+    noisy = (e.astype(np.float64) * (1.0 + rel * noise)).astype(np.float32)
+    return dataclasses.replace(weights, embeddings=noisy), float(np.mean(noisy != e))
