@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """host.perf: the cycle model, shape-only programs (no weights), schedule options and the roofline.
 
 The shape-only program must describe exactly what the compiler emits: same image size, same instruction
