@@ -174,7 +174,7 @@ class Accelerator(wiring.Component):
             m.submodules[f"buf_c{j}"] = b
             bcs.append(b)
         m.submodules.buf_token = btok = VectorBuffer(depth=self.max_hidden, banks=1)
-        state = memory.Memory(shape=INT32, depth=2 * self.max_layers * hstride, init=[])
+        state = memory.Memory(shape=INT32, depth=2 * _pow2(self.max_layers) * hstride, init=[])
         m.submodules.state = state
 
         # ---------------- channel streams
@@ -294,7 +294,7 @@ class Accelerator(wiring.Component):
         so = state.read_port()
         sn = state.read_port()
         sw = state.write_port()
-        lstride = self.max_layers * hstride
+        lstride = _pow2(self.max_layers) * hstride  # a power of two: the bank bit is a plain address bit
         base_old = Signal(range(2 * lstride))
         base_new = Signal(range(2 * lstride))
         hs, ls = ceil_log2(hstride), ceil_log2(lstride)
