@@ -81,9 +81,20 @@ def machine_info() -> dict:
     return info
 
 
+#: environment variables that change what a benchmark measures (threads, spin-waiting, BLAS)
+ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "NUMBA_", "OPENBLAS_", "MKL_", "PYTHONHASHSEED")
+
+
+def relevant_env() -> dict:
+    """The set environment variables whose names start with :data:`ENV_PREFIXES`."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
 def command_line() -> str:
-    """The command that runs this process, shell-quoted (interpreter, script, arguments)."""
-    return shlex.join([sys.executable, *sys.argv])
+    """The command that runs this process, shell-quoted: the :func:`relevant_env` assignments, then the
+    interpreter, script and arguments."""
+    env = [f"{k}={shlex.quote(v)}" for k, v in relevant_env().items()]
+    return " ".join([*env, shlex.join([sys.executable, *sys.argv])])
 
 
 def utc_now() -> str:
@@ -93,8 +104,8 @@ def utc_now() -> str:
 
 def provenance(benchmark: str) -> dict:
     """The common top-level fields of a result file: benchmark name, command, date, git, machine."""
-    return {"benchmark": benchmark, "command": command_line(), "timestamp": utc_now(), "git": git_info(),
-            "machine": machine_info()}
+    return {"benchmark": benchmark, "command": command_line(), "environment": relevant_env(),
+            "timestamp": utc_now(), "git": git_info(), "machine": machine_info()}
 
 
 def write_json(path: Path, report: dict) -> Path:

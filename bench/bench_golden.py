@@ -29,10 +29,16 @@ Resident weights
     weights (float32 trits, transposed) are reported for contrast. Host-side embeddings ([V, H]
     float32, looked up by the host and never sent to the accelerator) are listed separately.
 
+Numba's parallel GEMV runs on its ``omp`` threading layer here (GNU libgomp), whose idle threads
+spin before they sleep; on a machine whose cores are busy with other processes the spinning threads
+take the cores from the working ones. ``OMP_WAIT_POLICY=passive`` (set before the process starts)
+makes them sleep at once; the result file records such variables in ``command`` and ``environment``.
+
 Usage::
 
     python bench/bench_golden.py                    # both models, 5 runs of 100 steps
     python bench/bench_golden.py --layers-370m 4    # fewer layers of the 370M shape
+    OMP_WAIT_POLICY=passive python bench/bench_golden.py --out bench/results/golden_omp_passive.json
 
 Results go to ``bench/results/golden.json`` (``--out``).
 """
@@ -329,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "build_s": t_build, "is_full_24_layers": full, **r}
         del w
     report["loadavg_end"] = os.getloadavg()
+    report["numba_threading_layer"] = numba.threading_layer()
     report["process_peak_rss_bytes"] = peak_rss_bytes()
     report["wall_s"] = time.perf_counter() - t_all
     write_json(args.out, report)
