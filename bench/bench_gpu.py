@@ -26,8 +26,10 @@ Measurement, per variant, after warm-up: tokens/s as the median of ``--bursts`` 
 of continuous decoding read from NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
 millijoules since driver load) at both ends, with the GPU synchronised; a sampler thread reads power,
 SM clock and utilisation every 100 ms for context. Idle power is the same counter over ``--idle-s``
-seconds with nothing running (after a pause for the clocks to settle), measured before the variants;
-J/token above idle subtracts it. A correctness check decodes the shipped model
+seconds with nothing running, read twice before the variants: once before this process creates a CUDA
+context (the GPU as found) and once after setup and a ``--settle-s`` pause with the context alive;
+J/token above idle subtracts the second (``j_per_token_above_idle``) or the first
+(``j_per_token_above_idle_before_cuda``). A correctness check decodes the shipped model
 (``models/hgrn-bit-pydoc``) on the GPU in bfloat16 and compares logits and greedy tokens with the numpy
 float reference.
 
@@ -134,8 +136,11 @@ class Sampler:
 
 
 def energy_window(nvml: Nvml, torch, seconds: float, work=None, chunk: int = 50) -> dict:
-    """Run ``work`` (a callable doing one decode step, or None for idle) for >= ``seconds``; energy from NVML."""
-    torch.cuda.synchronize()
+    """Run ``work`` (a callable doing one decode step, or None for idle) for >= ``seconds``; energy from NVML.
+
+    ``torch`` may be None for an idle window before CUDA is initialised."""
+    sync = torch.cuda.synchronize if torch is not None else (lambda: None)
+    sync()
     with Sampler(nvml) as smp:
         e0, t0 = nvml.energy_mj(), time.perf_counter()
         n = 0
@@ -146,8 +151,8 @@ def energy_window(nvml: Nvml, torch, seconds: float, work=None, chunk: int = 50)
             for _ in range(chunk):
                 work()
             n += chunk
-            torch.cuda.synchronize()
-        torch.cuda.synchronize()
+            sync()
+        sync()
         t1, e1 = time.perf_counter(), nvml.energy_mj()
     joules = (e1 - e0) / 1000.0
     return {"seconds": t1 - t0, "tokens": n, "energy_j": joules, "power_w": joules / (t1 - t0),
@@ -221,6 +226,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=SHAPE_370M["num_hidden_layers"])
     ap.add_argument("--energy-s", type=float, default=12.0, help="energy window per variant (>= 10 s)")
     ap.add_argument("--idle-s", type=float, default=10.0)
+    ap.add_argument("--settle-s", type=float, default=20.0, help="pause before the post-setup idle window")
     ap.add_argument("--burst-s", type=float, default=1.0)
     ap.add_argument("--bursts", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
@@ -232,6 +238,11 @@ def main(argv=None) -> int:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
 
+    # idle before this process touches CUDA (the GPU as found), then again after setup, below
+    nvml = Nvml(0)
+    idle_cold = energy_window(nvml, None, args.idle_s, None)
+    print("idle before CUDA init", idle_cold, flush=True)
+
     import torch
     from torch_hgrn import TorchHGRNBit
 
@@ -241,7 +252,6 @@ def main(argv=None) -> int:
         print("no CUDA device: nothing measured", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
-    nvml = Nvml(0)
     report = provenance("gpu")
     if args.git_revision:
         report["git"] = {"revision": args.git_revision, "dirty": None, "describe": args.git_revision,
@@ -297,9 +307,14 @@ def main(argv=None) -> int:
         report["correctness"] = {"error": repr(e)}
     print("correctness", report["correctness"], flush=True)
 
-    time.sleep(5.0)  # let clocks and power settle before the idle window
+    time.sleep(args.settle_s)  # let power settle before the second idle window
     idle = energy_window(nvml, torch, args.idle_s, None)
+    report["idle_before_cuda"] = idle_cold
     report["idle"] = idle
+    report["idle_note"] = ("'idle_before_cuda': the GPU as found, before this process created a CUDA context; "
+                           "'idle': after setup and a pause of settle_s, with this process's context alive "
+                           "and nothing running (the baseline subtracted in j_per_token_above_idle; "
+                           "j_per_token_above_idle_before_cuda subtracts the other)")
     print("idle", idle, flush=True)
 
     results = {}
@@ -334,6 +349,8 @@ def main(argv=None) -> int:
                 tps = win["tokens"] / win["seconds"]
                 j_total = win["energy_j"] / win["tokens"]
                 j_above = (win["energy_j"] - idle["power_w"] * win["seconds"]) / win["tokens"]
+                entry["j_per_token_above_idle_before_cuda"] = (
+                    win["energy_j"] - idle_cold["power_w"] * win["seconds"]) / win["tokens"]
                 entry.update({"tokens_per_s_energy_window": tps, "j_per_token_total": j_total,
                               "j_per_token_above_idle": j_above, "tokens_per_j_total": 1.0 / j_total,
                               "tokens_per_j_above_idle": 1.0 / j_above if j_above > 0 else None,
@@ -352,7 +369,8 @@ def main(argv=None) -> int:
             print(f"{v:20s} error: {e['error'][:80]}")
         else:
             print(f"{v:20s} {e['tokens_per_s']:9.1f} {e['j_per_token_total']:9.4f} {e['j_per_token_above_idle']:9.4f}")
-    print(f"idle {idle['power_w']:.1f} W; memory-bound ceiling {1 / floor_s:.0f} tokens/s; wrote {args.out}")
+    print(f"idle before CUDA {idle_cold['power_w']:.1f} W; idle {idle['power_w']:.1f} W; "
+          f"memory-bound ceiling {1 / floor_s:.0f} tokens/s; wrote {args.out}")
     return 0
 
 
