@@ -1,0 +1,709 @@
+#!/usr/bin/env python3
+"""Generate ``docs/PERFORMANCE.md`` and its plots from the committed benchmark JSON.
+
+Reads (each optional: a missing file gives a row that says "not yet measured" and which file would
+fill it):
+
+* ``bench/results/perf.json``   cycle-model predictions (``bench/bench_perf.py``): MODEL numbers
+* ``bench/results/rtl.json``    cycles per token and stream efficiency of the Verilated RTL
+  (``bench/bench_rtl.py``): SIMULATED (cycle-accurate RTL) numbers
+* ``bitstreams/*/report.json``  Fmax and resources per board (nextpnr for ECP5: MEASURED by the tool;
+  Yosys estimates for Xilinx parts: ESTIMATE)
+* ``bench/results/synth.json``  Yosys utilisation estimates per component (``bench/bench_synth.py``)
+* ``bench/results/gpu.json``    the H200 baseline (``bench/bench_gpu.py``): MEASURED
+* ``bench/results/cpu.json``    golden vs reference vs PyTorch on this CPU (``bench/bench_cpu.py``): MEASURED
+* ``bench/results/golden.json`` golden device speed incl. the 370M shape (``bench/bench_golden.py``): MEASURED
+
+and computes the PROJECTED per-board decode rates from the cycle model, the clock (a measured Fmax
+where a board report has one, else the target clock of ``host.perf.BOARDS``), the roofline of
+docs/ARCHITECTURE.md section 4 and the activity power estimate of :mod:`host.power.estimate`.
+
+The output is a pure function of those files and the code (no timestamps, no machine state), so
+``python bench/report.py`` run twice gives the same bytes; ``--check`` exits 1 when the committed
+``docs/PERFORMANCE.md`` differs from what the JSON gives.
+
+Usage::
+
+    python bench/report.py                 # write docs/PERFORMANCE.md and docs/perf/*.png
+    python bench/report.py --check         # compare only
+    python bench/report.py --no-plots      # markdown only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "bench" / "results"
+DOC = REPO / "docs" / "PERFORMANCE.md"
+FIG_DIR = REPO / "docs" / "perf"
+BITSTREAMS = REPO / "bitstreams"
+
+#: the boards of docs/ARCHITECTURE.md section 4 (keys of host.perf.BOARDS), in table order
+BOARD_ORDER = ("ulx3s-85f", "pynq-z2", "kv260", "zcu104", "u55c")
+#: the build each board is projected with when its report.json names none found in perf.json:
+#: (lanes, channels, bus_bits); a design point of docs/ARCHITECTURE.md section 4, not a fitted build
+DESIGN_POINTS = {"ulx3s-85f": (64, 1, 64), "pynq-z2": (64, 1, 64), "kv260": (256, 4, 128),
+                 "zcu104": (256, 4, 128), "u55c": (512, 4, 128)}
+MODEL_SHAPES = ("370M", "1.3B", "2.7B")
+#: builds shown in the per-layer table (the design points; perf.json holds more)
+LAYER_BUILDS = sorted(set(DESIGN_POINTS.values()))
+#: share of non-zero trits assumed by the energy projection (uniform trits; trained models differ)
+NONZERO_SHARE = 2 / 3
+
+INPUTS = {
+    "perf": ("bench/results/perf.json", "python bench/bench_perf.py"),
+    "rtl": ("bench/results/rtl.json", "python bench/bench_rtl.py"),
+    "synth": ("bench/results/synth.json", "python bench/bench_synth.py"),
+    "gpu": ("bench/results/gpu.json", "python3 bench/bench_gpu.py (on an H200)"),
+    "cpu": ("bench/results/cpu.json", "python bench/bench_cpu.py"),
+    "golden": ("bench/results/golden.json", "python bench/bench_golden.py"),
+}
+
+# Published anchors (numbers are theirs, not ours), with the caveats that keep them comparable.
+ANCHORS = [
+    {"work": "MatMul-free LM (Zhu et al., arXiv 2406.02528 v1), FPGA", "short": "MatMul-free LM FPGA (1.3B, d=1024)",
+     "hardware": "Intel FPGA PAC D5005",
+     "model": "one d=512 block; 1.3B figure from the d=1024 row",
+     "tokens_per_s": 23.8, "power_w": 13.0,
+     "caveat": "one d=512 block took 43 ms at 60 MHz, near 13 W (close to the board's idle draw); its 23.8 "
+               "tokens/s for the 1.3B model used the d=1024 row of its own table; at the real d=2048 the "
+               "same design gives about 6 tokens/s"},
+    {"work": "TeLLMe v2", "short": "TeLLMe v2 KV260 (other model)",
+     "hardware": "AMD KV260", "model": "a different ternary model (not HGRN-Bit)",
+     "tokens_per_s": 25.0, "power_w": 5.0,
+     "caveat": "up to 25 tokens/s decode under 5 W; a different model, so tokens/s do not compare one to one"},
+    {"work": "TerEffic", "short": "TerEffic 370M (on chip)", "hardware": "FPGA, weights fully on chip", "model": "370M",
+     "tokens_per_s": 16300.0, "power_w": None,
+     "caveat": "16,300 tokens/s for 370M with every weight on chip (no DRAM stream)"},
+    {"work": "TerEffic", "short": "TerEffic 2.7B (HBM)", "hardware": "FPGA with HBM", "model": "2.7B",
+     "tokens_per_s": 727.0, "power_w": 46.0,
+     "caveat": "727 tokens/s for 2.7B with HBM at 46 W"},
+]
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_inputs(root: Path = REPO) -> dict:
+    """Every input JSON that exists under ``root`` (None for a missing or unreadable one), and the boards."""
+    data: dict = {}
+    for key, (rel, _) in INPUTS.items():
+        p = root / rel
+        try:
+            data[key] = json.loads(p.read_text())
+        except (OSError, ValueError):
+            data[key] = None
+    boards = {}
+    bdir = root / "bitstreams"
+    if bdir.is_dir():
+        for p in sorted(bdir.glob("*/report.json")):
+            try:
+                boards[p.parent.name] = json.loads(p.read_text())
+            except (OSError, ValueError):
+                boards[p.parent.name] = None
+    data["boards"] = boards
+    return data
+
+
+# ------------------------------------------------------------------------------------------ format
+def fmt(x, digits: int = 3) -> str:
+    """A number with ``digits`` significant figures (thousands separated), or an em dash for None."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if not isinstance(x, float) or not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    dec = max(0, digits - 1 - mag)
+    return f"{x:,.{dec}f}"
+
+
+def pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
+    return "\n".join(out)
+
+
+def rev(d: dict | None) -> str:
+    """Short git revision of a result file (``-dirty`` kept), or "—"."""
+    if not d:
+        return "—"
+    g = d.get("git")
+    if isinstance(g, dict):
+        s = g.get("describe") or g.get("revision") or "—"
+    else:
+        s = str(g or d.get("git_revision") or "—")
+    head, _, tail = s.partition("-")
+    return head[:10] + ("-" + tail if tail else "")
+
+
+def missing(key: str) -> str:
+    rel, cmd = INPUTS[key]
+    return f"**not yet measured** (`{rel}` absent: run `{cmd}`)"
+
+
+# ------------------------------------------------------------------------------------------ sections
+def provenance_section(data: dict) -> str:
+    rows = []
+    for key, (rel, cmd) in INPUTS.items():
+        d = data.get(key)
+        if d is None:
+            rows.append([f"`{rel}`", "missing", "—", f"`{cmd}`", "—", "—"])
+            continue
+        load = d.get("loadavg_start") or (d.get("speed") or {}).get("loadavg_1min_after_runs")
+        if isinstance(load, list) and load:
+            load = ", ".join(fmt(float(x), 2) for x in load[:3])
+        mach = d.get("machine") or {}
+        where = (d.get("gpu") or {}).get("name") if key == "gpu" else mach.get("cpu")
+        command = d.get("command_short") or d.get("command") or cmd
+        if key == "synth" and "runs" in d:
+            first = next(iter(d["runs"].values()), {})
+            command, where = first.get("bench_command", cmd), "Yosys (no timing)"
+        rows.append([f"`{rel}`", d.get("timestamp", "—"), f"`{rev(d) if key != 'synth' else rev_synth(d)}`",
+                     f"`{command}`", where or "—", load or "—"])
+    for b, rep in sorted(data["boards"].items()):
+        rows.append([f"`bitstreams/{b}/report.json`", "—", f"`{rev(rep)}`", f"`{(rep or {}).get('command', '—')}`",
+                     (rep or {}).get("tool", "nextpnr" if (rep or {}).get("fmax_mhz") else "—"),
+                     ", ".join(fmt(float(x), 2) for x in (rep or {}).get("load_average", [])) or "—"])
+    return table(["input", "timestamp (UTC)", "git revision", "command", "machine / tool", "load average"], rows)
+
+
+def rev_synth(d: dict) -> str:
+    first = next(iter(d.get("runs", {}).values()), {})
+    return str(first.get("git", "—"))[:10] + ("-dirty" if "dirty" in str(first.get("git", "")) else "")
+
+
+def _find_pred(perf: dict, model: str, packing: str, lanes: int, channels: int, bus_bits: int, schedule: str):
+    for r in perf.get("predictions", {}).get(model, []):
+        if (r["packing"], r["lanes"], r["channels"], r["bus_bits"], r["schedule"]) == (
+                packing, lanes, channels, bus_bits, schedule):
+            return r
+    return None
+
+
+def _rtl_entries(rtl: dict) -> list[tuple[str, dict]]:
+    """Every (label, entry) in rtl.json that carries RTL cycles per token (``cycles_per_token.hw``)."""
+    out = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            cpt = node.get("cycles_per_token")
+            if isinstance(cpt, dict) and "hw" in cpt:
+                out.append((path, node))
+                return
+            for k, v in node.items():
+                walk(v, f"{path}/{k}" if path else str(k))
+
+    walk(rtl, "")
+    return out
+
+
+def cycles_section(data: dict) -> str:
+    perf, rtl = data.get("perf"), data.get("rtl")
+    parts = ["### Shipped model (`models/hgrn-bit-pydoc`), whole token\n"]
+    rows = []
+    if rtl is None:
+        rows.append(["RTL (Verilator)", "—", missing("rtl"), "—", "—", "—", "simulated"])
+    else:
+        for label, e in _rtl_entries(rtl):
+            b = e.get("build", {})
+            build = f"{b.get('lanes')} lanes, {b.get('channels')} ch x {b.get('bus_bits')} bit"
+            cpt, se = e["cycles_per_token"], e.get("stream_efficiency", {})
+            exact = e.get("bit_exact_logits")
+            rows.append([f"RTL (Verilator), `{label}`", build, fmt(int(cpt["hw"])), pct(se.get("hw")),
+                         fmt(int(cpt["model"])) if cpt.get("model") is not None else "—",
+                         pct(cpt.get("rel_diff")) + (", logits bit-exact" if exact else ", logits NOT bit-exact"),
+                         "simulated (cycle-accurate RTL)"])
+    if perf is None:
+        rows.append(["cycle model", "—", missing("perf"), "—", "—", "—", "model"])
+    else:
+        for r in perf["predictions"].get("shipped", []):
+            if r["packing"] != "1.6-bit":
+                continue
+            rows.append([f"cycle model, {r['schedule']} schedule",
+                         f"{r['lanes']} lanes, {r['channels']} ch x {r['bus_bits']} bit", fmt(r["cycles_per_token"]),
+                         pct(r["stream_efficiency"]), "—", f"binds: {r['binding']}", "model"])
+    parts.append(table(["source", "build", "cycles/token", "stream efficiency", "model cycles",
+                        "RTL vs model", "status"], rows))
+    parts.append("\nStream efficiency = max(image bytes / (channels x beat bytes), trits / lanes) / cycles "
+                 "(docs/ARCHITECTURE.md section 3). The `default` schedule is the serial one the RTL implements; "
+                 "`proposed` adds the schedule changes of docs/PERFORMANCE_MODEL.md (not in the RTL).\n")
+    parts.append("### One layer of the 370M / 1.3B / 2.7B shapes (1.6-bit packing)\n")
+    parts.append("A middle layer (all seven GEMVs of one block), for the builds of the per-board projections below; "
+                 "`bench/results/perf.json` holds the whole sweep and the whole-token figures.\n")
+    rows = []
+    for model in MODEL_SHAPES:
+        rows.append([model, "RTL (Verilator)", "—", "**not yet measured** (no layer run of this shape in "
+                     "`bench/results/rtl.json`)" if rtl is not None else missing("rtl"), "—", "—", "simulated"])
+        if perf is None:
+            rows.append([model, "cycle model", "—", missing("perf"), "—", "—", "model"])
+            continue
+        for r in perf["predictions"].get(model, []):
+            if r["packing"] != "1.6-bit" or (r["lanes"], r["channels"], r["bus_bits"]) not in LAYER_BUILDS:
+                continue
+            lay = r["layer"]
+            rows.append([model, f"cycle model, {r['schedule']}",
+                         f"{r['lanes']} lanes, {r['channels']} ch x {r['bus_bits']} bit", fmt(int(lay["cycles"])),
+                         pct(lay["stream_efficiency"]), lay["binding"], "model"])
+    parts.append(table(["shape", "source", "build", "cycles/layer", "stream efficiency", "binds", "status"], rows))
+    return "\n".join(parts)
+
+
+def _resources(rep: dict) -> tuple[str, str]:
+    """(resources text, status) of one board report, whatever its schema."""
+    util = rep.get("utilisation") or rep.get("utilization")
+    if isinstance(util, dict) and util:
+        items = []
+        for k, v in util.items():
+            if isinstance(v, dict):
+                items.append(f"{k} {v.get('used')}/{v.get('available')}")
+            else:
+                items.append(f"{k} {v}")
+        return ", ".join(items), "measured (place and route report)"
+    est = rep.get("estimate") or rep.get("resources")
+    if isinstance(est, dict) and est:
+        inner = est.get("resources", est)
+        items = [f"{k} {fmt(v) if isinstance(v, (int, float)) else v}" for k, v in inner.items()
+                 if isinstance(v, (int, float, str)) and k not in ("note",)]
+        return ", ".join(items[:10]), "ESTIMATE (Yosys synth, no vendor place and route)"
+    return "—", "not reported"
+
+
+def boards_section(data: dict) -> str:
+    rows = []
+    boards = data["boards"]
+    names = [b for b in BOARD_ORDER if b not in boards] + sorted(boards)
+    for b in sorted(set(names), key=lambda k: (k not in boards, k)):
+        rep = boards.get(b)
+        if rep is None:
+            rows.append([b, "—", "—", f"**not yet built** (`bitstreams/{b}/report.json` absent)", "—", "—"])
+            continue
+        core = rep.get("core") or rep.get("params") or {}
+        lanes = rep.get("lanes", core.get("lanes"))
+        ch = rep.get("channels", core.get("channels"))
+        bus = rep.get("bus_bits", core.get("bus_bits"))
+        target = rep.get("target_mhz", rep.get("target_clock_mhz"))
+        fmax = rep.get("fmax_mhz")
+        if fmax is not None:
+            fstat = "measured (nextpnr timing)" + ("" if rep.get("timing_met", True) else ", TIMING NOT MET")
+        else:
+            fstat = "not measured (vendor tool not run here)"
+        res, rstat = _resources(rep)
+        rows.append([f"{rep.get('title', b)}", f"{lanes} lanes, {ch} ch x {bus} bit",
+                     f"{fmt(fmax)} MHz (target {fmt(target)})" if fmax is not None else f"— (target {fmt(target)} MHz)",
+                     res, fstat, rstat])
+    out = [table(["board", "core build", "Fmax", "resources", "Fmax status", "resources status"], rows)]
+    synth = data.get("synth")
+    out.append("\n#### Component utilisation estimates (`bench/results/synth.json`)\n")
+    if synth is None:
+        out.append(missing("synth"))
+    else:
+        srows = []
+        for key, r in sorted(synth.get("runs", {}).items()):
+            res = r.get("resources") or {}
+            srows.append([f"`{key}`", r.get("status", "—"), fmt(res.get("luts")), fmt(res.get("ffs")),
+                          fmt(res.get("carry")), fmt(res.get("bram")), fmt(res.get("dsp")),
+                          "ESTIMATE (Yosys, no timing)"])
+        out.append(table(["component/config/target", "status", "LUTs", "FFs", "carry", "BRAM", "DSP", "status"],
+                         srows))
+    return "\n".join(out)
+
+
+def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[dict]:
+    """Projected decode rate and energy per board (PROJECTED: cycle model x clock x roofline x power estimate)."""
+    from host.power.estimate import IDLE, EstimateSource
+
+    perf = data.get("perf")
+    if perf is None:
+        return []
+    out = []
+    pboards = perf.get("boards", {})
+    for b in BOARD_ORDER:
+        pb = pboards.get(b)
+        if pb is None:
+            continue
+        rep = data["boards"].get(b) or {}
+        core = rep.get("core") or rep.get("params") or {}
+        build = (rep.get("lanes", core.get("lanes")), rep.get("channels", core.get("channels")),
+                 rep.get("bus_bits", core.get("bus_bits")))
+        source = f"`bitstreams/{b}/report.json` build"
+        if None in build or _find_pred(perf, model, packing, *build, "default") is None:
+            if rep and None not in build:
+                source = f"design point (the board's build {build[0]}x{build[1]}x{build[2]} is not in perf.json)"
+            else:
+                source = "design point (DESIGN.md section 4)"
+            build = DESIGN_POINTS[b]
+        fmax_meas = rep.get("fmax_mhz") if rep.get("timing_met") else None
+        fmax = float(fmax_meas) if fmax_meas else float(pb["fmax_mhz"])
+        fstat = "measured Fmax" if fmax_meas else "target clock (assumed)"
+        for schedule in ("default", "proposed"):
+            r = _find_pred(perf, model, packing, *build, schedule)
+            if r is None:
+                continue
+            lanes, channels, bus_bits = build
+            img, trits = r["image_bytes"], r["trits"]
+            rates = {"dram": pb["dram_gbs"] * 1e9 / img,
+                     "ports": min(channels, pb["ports"]) * pb["port_gbs"] * 1e9 / img,
+                     "channels": channels * bus_bits / 8 * fmax * 1e6 / img,
+                     "lanes": lanes * fmax * 1e6 / trits}
+            binding = min(rates, key=rates.get)
+            cycles_rate = fmax * 1e6 / r["cycles_per_token"]
+            tok_s = min(cycles_rate, rates["dram"], rates["ports"])
+            limited = "cycles" if tok_s == cycles_rate else ("dram" if tok_s == rates["dram"] else "ports")
+            h, i, layers, v = (perf["images"][model]["shape"][k] for k in ("hidden", "intermediate", "layers", "vocab"))
+            activity = {"hw_cycles": r["cycles_per_token"], "hw_trits": trits,
+                        "hw_nonzero_trits": int(round(trits * NONZERO_SHARE)),
+                        "hw_epilogue_elements": layers * (5 * h + 2 * i) + v + h,
+                        "hw_stream_beats": int(math.ceil(img / (bus_bits / 8)))}
+            src = EstimateSource(b, fmax_mhz=fmax, bus_bits=bus_bits)
+            _, energy = src.token_energy(activity)
+            e_dyn = energy["pl"] + energy["mem"]
+            idle_w = IDLE[b]["total"].value
+            duration = 1.0 / tok_s
+            j_total = idle_w * duration + e_dyn
+            out.append({"board": b, "title": perf["boards"][b]["name"], "model": model, "packing": packing,
+                        "schedule": schedule, "build": build, "build_source": source, "fmax_mhz": fmax,
+                        "fmax_status": fstat, "cycles_per_token": r["cycles_per_token"],
+                        "stream_efficiency": r["stream_efficiency"], "roofline": rates,
+                        "roofline_bound": rates[binding], "roofline_binding": binding, "tokens_per_s": tok_s,
+                        "limited_by": limited, "idle_w": idle_w, "power_w": idle_w + e_dyn / duration,
+                        "j_per_token": j_total, "j_per_token_above_idle": e_dyn, "tokens_per_j": 1.0 / j_total,
+                        "tokens_per_j_above_idle": 1.0 / e_dyn if e_dyn > 0 else None})
+    return out
+
+
+def projection_section(data: dict, proj: list[dict]) -> str:
+    if data.get("perf") is None:
+        return missing("perf")
+    rows = []
+    for p in proj:
+        lanes, ch, bus = p["build"]
+        rl = p["roofline"]
+        rows.append([p["title"], p["schedule"], f"{lanes}x{ch}x{bus}", f"{fmt(p['fmax_mhz'])} ({p['fmax_status']})",
+                     fmt(p["cycles_per_token"]), fmt(p["tokens_per_s"]) + f" ({p['limited_by']})",
+                     f"{fmt(p['roofline_bound'])} ({p['roofline_binding']})",
+                     " / ".join(fmt(rl[k]) for k in ("dram", "ports", "channels", "lanes")),
+                     fmt(p["power_w"]), fmt(p["tokens_per_j"]), fmt(p["tokens_per_j_above_idle"])])
+    t = table(["board", "schedule", "build (lanes x ch x bus)", "clock MHz", "cycles/token (model)",
+               "**projected tokens/s**", "roofline tokens/s", "dram / ports / channels / lanes",
+               "power W (estimate)", "tokens/J", "tokens/J above idle"], rows)
+    notes = ("\nAll numbers in this table are PROJECTED: the cycle model's cycles per token "
+             "(`bench/results/perf.json`; the RTL matches it within the differences listed above for the "
+             "shipped model), at the clock shown, capped by DRAM and port bandwidth "
+             "(`host.perf.BOARDS`, vendor peaks); power is the activity ESTIMATE of `host/power/estimate.py` "
+             f"with its ASSUMED idle draw per board and {NONZERO_SHARE:.2f} of trits non-zero. Build source per "
+             "board: " + "; ".join(sorted({f"{p['board']}: {p['build_source']}" for p in proj})) + ". "
+             "No FPGA decode of the 370M model has been run.\n")
+    return t + notes
+
+
+def anchors_section(proj: list[dict]) -> str:
+    rows = []
+    for a in ANCHORS:
+        tpj = a["tokens_per_s"] / a["power_w"] if a["power_w"] else None
+        rows.append([a["work"], a["hardware"], a["model"], fmt(a["tokens_per_s"]), fmt(a["power_w"]),
+                     fmt(tpj), "published", a["caveat"]])
+    for p in proj:
+        if p["schedule"] != "default":
+            continue
+        lanes, ch, bus = p["build"]
+        rows.append([f"this project ({lanes}x{ch}x{bus}, {p['fmax_mhz']:g} MHz)", p["title"], "HGRN-Bit 370M",
+                     fmt(p["tokens_per_s"]), fmt(p["power_w"]), fmt(p["tokens_per_j"]), "projected",
+                     "cycle model x roofline x power estimate; not run on the board"])
+    return table(["work", "hardware", "model", "decode tokens/s", "power W", "tokens/J", "status", "caveat"], rows)
+
+
+def gpu_section(data: dict) -> str:
+    g = data.get("gpu")
+    if g is None:
+        return missing("gpu")
+    gi = g["gpu"]
+    rows = []
+    for name, e in g["variants"].items():
+        if "error" in e:
+            rows.append([f"`{name}`", f"failed: {e['error'][:60]}", "", "", "", "", ""])
+            continue
+        rows.append([f"`{name}`", fmt(e["tokens_per_s"]), fmt(e["energy_window"]["power_w"]),
+                     fmt(e["j_per_token_total"]), fmt(e["j_per_token_above_idle"]), fmt(e["tokens_per_j_total"]),
+                     fmt(e["tokens_per_j_above_idle"])])
+    m = g["model"]
+    idle, idle0 = g["idle"], g.get("idle_before_cuda")
+    corr = g.get("correctness", {})
+    rl = g["roofline"]
+    window = min(e["energy_window"]["seconds"] for e in g["variants"].values() if "energy_window" in e)
+    lines = [table(["variant", "tokens/s (median)", "power W", "J/token", "J/token above idle", "tokens/J",
+                    "tokens/J above idle"], rows), "",
+             f"MEASURED on one {gi['name']} (driver {gi['driver']}, PyTorch {gi['torch']}, CUDA {gi['cuda_runtime']}, "
+             f"Triton {gi.get('triton', '—')}), batch 1, greedy decode kept on the GPU, 370M shape "
+             f"({fmt(m['n_trits'])} trits) with **random weights** ({m['weights']}; speed does not "
+             f"depend on the values: every GEMV is dense). Weights: {m['weight_dtype']}, "
+             f"{fmt(m['weight_bytes_per_token'] / 1e6)} MB read per token.",
+             "",
+             "Kernels: " + "; ".join(f"{k}: {v}" for k, v in g["kernels"].items()) + ".",
+             "",
+             f"Energy: NVML total-energy counter over >= {fmt(window)} s of decoding per variant. Idle subtracted: "
+             f"{fmt(idle['power_w'])} W (CUDA context alive, clocks up, after a pause); the GPU as found, before any "
+             f"CUDA context, drew {fmt(idle0['power_w']) if idle0 else '—'} W "
+             "(against that, J/token above idle is larger: "
+             + ", ".join(f"{k} {fmt(e.get('j_per_token_above_idle_before_cuda'))}"
+                         for k, e in g["variants"].items() if "error" not in e) + " J).",
+             "",
+             f"Roofline: {fmt(rl['copy_bandwidth_bytes_per_s'] / 1e12)} TB/s measured copy bandwidth gives a "
+             f"memory-bound ceiling of {fmt(rl['memory_bound_tokens_per_s'])} tokens/s for bfloat16 weights; the best "
+             f"variant reaches {pct(max((e.get('fraction_of_memory_bound') or 0) for e in g['variants'].values()))} of "
+             "it: at batch 1 the step is a chain of ~170 small GEMVs and their elementwise kernels, bound by "
+             "kernel latency, not by bandwidth.",
+             "",
+             f"Check: the same PyTorch code on the shipped model in bfloat16 agrees with the float reference on "
+             f"{pct(corr.get('greedy_token_agreement'))} of {corr.get('tokens', '—')} greedy tokens (logits "
+             f"relative error median {fmt(corr.get('logits_rel_err_median'))}, "
+             f"max {fmt(corr.get('logits_rel_err_max'))})."]
+    return "\n".join(lines)
+
+
+def cpu_section(data: dict) -> str:
+    c, gold = data.get("cpu"), data.get("golden")
+    out = []
+    if c is None:
+        out.append(missing("cpu"))
+    else:
+        sp = c["speed"]
+        med = sp["tokens_per_s_median"]
+        rows = []
+        for k in med:
+            runs = sp["tokens_per_s_runs"][k]
+            rows.append([f"`{k}`", c["devices"].get(k, ""), fmt(med[k]), f"{fmt(min(runs))} – {fmt(max(runs))}",
+                         fmt(sp["tokens_per_cpu_s_median"][k])])
+        load = sp["loadavg_1min_after_runs"]
+        m = c["machine"]
+        out.append(table(["device", "what", "tokens/s (median)", "range over runs", "tokens per CPU-second"], rows))
+        chk = c.get("torch_check", {})
+        out.append(f"\nMEASURED on {m.get('cpu')} ({m.get('cpu_count')} logical cores), shipped model, "
+                   f"{sp['runs']} runs of {sp['steps_per_run']} teacher-forced steps rotating over the devices; "
+                   f"numba threads {c['settings']['numba_threads']}, torch threads {c['settings']['torch_threads']}. "
+                   f"**Machine shared with other jobs**: 1-minute load average "
+                   f"{fmt(min(load), 2)} – {fmt(max(load), 2)} during the runs (start "
+                   f"{fmt(c['loadavg_start'][0], 2)}), so absolute numbers are pessimistic and the multi-threaded "
+                   f"golden device suffers most. PyTorch vs float reference: argmax agreement "
+                   f"{pct(chk.get('argmax_agreement'))} over {chk.get('tokens')} tokens, logits relative error "
+                   f"median {fmt(chk.get('logits_rel_err_median'))}.")
+    out.append("\n#### 370M shape on this CPU (`bench/results/golden.json`)\n")
+    if gold is None or "random_370m" not in gold:
+        out.append(missing("golden"))
+    else:
+        r = gold["random_370m"]
+        med = r["speed"]["tokens_per_s_median"]
+        load = r["speed"]["loadavg_1min_after_runs"]
+        out.append(table(["device", "tokens/s (median)", "load average during runs"],
+                         [[f"`{k}`", fmt(v), f"{fmt(min(load), 2)} – {fmt(max(load), 2)}"] for k, v in med.items()]))
+        out.append(f"\nMEASURED, random weights of the 370M shape ({r['speed']['runs']} runs of "
+                   f"{r['speed']['steps_per_run']} steps).")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------------------ plots
+def plots(data: dict, proj: list[dict], fig_dir: Path) -> list[str]:
+    """Write the PNG plots (deterministic bytes: Agg, fixed size, no timestamp metadata); returns their names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    meta = {"Software": None}
+
+    # 1. decode tokens/s of the 370M shape (and anchors), log scale
+    bars = []  # (label, value, status)
+    for p in proj:
+        bars.append((f"{p['board']} {p['schedule']}", p["tokens_per_s"], "projected"))
+    g = data.get("gpu")
+    if g:
+        for k, e in g["variants"].items():
+            if "tokens_per_s" in e:
+                bars.append((f"H200 {k}", e["tokens_per_s"], "measured"))
+    gold = data.get("golden")
+    if gold and "random_370m" in gold:
+        for k, v in gold["random_370m"]["speed"]["tokens_per_s_median"].items():
+            bars.append((f"CPU {k}", v, "measured"))
+    for a in ANCHORS:
+        if a["model"] == "370M":
+            bars.append((a["short"], a["tokens_per_s"], "published"))
+    colors = {"projected": "#4c72b0", "measured": "#55a868", "published": "#c44e52"}
+    if bars:
+        fig, ax = plt.subplots(figsize=(8, 0.32 * len(bars) + 1.2), dpi=100)
+        y = range(len(bars))
+        ax.barh(list(y), [b[1] for b in bars], color=[colors[b[2]] for b in bars])
+        ax.set_yticks(list(y), [b[0] for b in bars], fontsize=8)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_xlabel("decode tokens/s, batch 1, 370M shape (log)")
+        for s, c in colors.items():
+            ax.bar(0, 0, color=c, label=s)
+        ax.legend(fontsize=8, loc="upper right")
+        ax.grid(axis="x", which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(fig_dir / "tokens_per_s_370m.png", metadata=meta)
+        plt.close(fig)
+        written.append("tokens_per_s_370m.png")
+
+    # 2. stream efficiency: model vs RTL, shipped model, per build
+    perf, rtl = data.get("perf"), data.get("rtl")
+    if perf:
+        preds = [r for r in perf["predictions"].get("shipped", []) if r["packing"] == "1.6-bit"]
+        builds = sorted({(r["lanes"], r["channels"], r["bus_bits"]) for r in preds})
+        fig, ax = plt.subplots(figsize=(8, 3.6), dpi=100)
+        xs = range(len(builds))
+        for k, (sched, off) in enumerate((("default", -0.27), ("proposed", 0.0))):
+            vals = [next((r["stream_efficiency"] for r in preds if (r["lanes"], r["channels"], r["bus_bits"]) == b
+                          and r["schedule"] == sched), 0) for b in builds]
+            ax.bar([x + off for x in xs], vals, width=0.27, label=f"model, {sched} schedule",
+                   color=("#4c72b0", "#8172b2")[k])
+        if rtl:
+            hw = {}
+            for _, e in _rtl_entries(rtl):
+                b = e.get("build", {})
+                hw[(b.get("lanes"), b.get("channels"), b.get("bus_bits"))] = e.get("stream_efficiency", {}).get("hw")
+            vals = [hw.get(b) or 0 for b in builds]
+            ax.bar([x + 0.27 for x in xs], vals, width=0.27, label="RTL (Verilator), simulated", color="#55a868")
+        ax.set_xticks(list(xs), [f"{lanes}x{c}x{bb}" for lanes, c, bb in builds], fontsize=8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("stream efficiency")
+        ax.set_xlabel("build: lanes x channels x bus bits (shipped model, 1.6-bit)")
+        ax.legend(fontsize=8, loc="lower left")
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(fig_dir / "stream_efficiency_shipped.png", metadata=meta)
+        plt.close(fig)
+        written.append("stream_efficiency_shipped.png")
+
+    # 3. tokens/J: projected boards vs GPU vs anchors
+    pts = [(f"{p['board']} {p['schedule']}", p["tokens_per_j"], "projected") for p in proj]
+    if g:
+        pts += [(f"H200 {k}", e["tokens_per_j_total"], "measured") for k, e in g["variants"].items()
+                if "tokens_per_j_total" in e]
+    pts += [(a["short"], a["tokens_per_s"] / a["power_w"], "published") for a in ANCHORS
+            if a["power_w"]]
+    if pts:
+        fig, ax = plt.subplots(figsize=(8, 0.32 * len(pts) + 1.2), dpi=100)
+        y = range(len(pts))
+        ax.barh(list(y), [p[1] for p in pts], color=[colors[p[2]] for p in pts])
+        ax.set_yticks(list(y), [p[0] for p in pts], fontsize=8)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_xlabel("tokens/J, whole board or card (log)")
+        for s, c in colors.items():
+            ax.bar(0, 0, color=c, label=s)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(axis="x", which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(fig_dir / "tokens_per_j.png", metadata=meta)
+        plt.close(fig)
+        written.append("tokens_per_j.png")
+    return written
+
+
+# ------------------------------------------------------------------------------------------ document
+def render(data: dict, figures: list[str] | None = None) -> str:
+    """The whole of docs/PERFORMANCE.md as a string (a pure function of ``data`` and ``figures``)."""
+    proj = project(data)
+    figs = figures or []
+
+    def fig(name: str, caption: str) -> str:
+        return f"\n![{caption}](perf/{name})\n" if name in figs else ""
+
+    s = []
+    s.append("# Performance\n")
+    s.append("<!-- Generated by `python bench/report.py` from the JSON listed under Sources; do not edit by hand. "
+             "`make bench` re-runs the cheap benchmarks first. -->\n")
+    s.append("Every number below says what it is:\n\n"
+             "- **measured**: timed on real hardware (this project's CPU host, one H200 GPU), with the load "
+             "recorded;\n"
+             "- **simulated**: cycles counted by the cycle-accurate RTL (Verilator) running whole tokens, logits "
+             "compared bit for bit with the golden device;\n"
+             "- **model**: predicted by the cycle model `host/perf.py` (the schedule written down);\n"
+             "- **projected**: model cycles x a clock x the board's bandwidth roofline and the activity power "
+             "ESTIMATE (`host/power/estimate.py`), for boards on which nothing has run yet;\n"
+             "- **published**: others' numbers, cited with their caveats.\n\n"
+             "No FPGA board has decoded a token of the 370M, 1.3B or 2.7B models in this project yet: every "
+             "board figure is projected.\n")
+    s.append("## Sources\n")
+    s.append(provenance_section(data) + "\n")
+    s.append("## Cycles per token and stream efficiency\n")
+    s.append(cycles_section(data))
+    s.append(fig("stream_efficiency_shipped.png", "stream efficiency per build, model and RTL"))
+    s.append("\n## Fmax and resources per board\n")
+    s.append(boards_section(data) + "\n")
+    s.append("## Projected decode rate and energy per board (370M, 1.6-bit)\n")
+    s.append(projection_section(data, proj))
+    s.append(fig("tokens_per_s_370m.png", "decode tokens/s at 370M: projected, measured, published"))
+    s.append(fig("tokens_per_j.png", "tokens per joule"))
+    s.append("\n## Published anchors beside ours\n")
+    s.append(anchors_section(proj) + "\n")
+    s.append("The anchors run other models, boards and setups; they place our projections, they do not rank them. "
+             "The MatMul-free LM paper's FPGA result (arXiv 2406.02528 v1) is a single d=512 block at 60 MHz on an "
+             "Intel D5005 near 13 W, close to the board's idle draw, and its 1.3B rate came from the d=1024 row "
+             "of its own table (about 6 tokens/s at the real d=2048). TeLLMe v2 (KV260, under 5 W) decodes a "
+             "different model. TerEffic's 16,300 tokens/s keep all 370M weights on chip, which removes the DRAM "
+             "stream this design is built around; its 2.7B HBM figure (727 tokens/s at 46 W) is the closest to "
+             "our Alveo U55C target.\n")
+    s.append("## GPU baseline (H200)\n")
+    s.append(gpu_section(data) + "\n")
+    s.append("## CPU baseline (this machine)\n")
+    s.append(cpu_section(data) + "\n")
+    s.append("## Reproducing\n")
+    s.append("- `python bench/report.py` regenerates this file and `docs/perf/*.png` from the committed JSON "
+             "(deterministic: same JSON, same bytes); `python bench/report.py --check` verifies it.\n"
+             "- `make bench` re-runs the cheap benchmarks, then the report: `bench/bench_perf.py` (cycle model, "
+             "under a minute) and `bench/bench_cpu.py` (golden vs reference vs PyTorch, about 3-5 minutes on "
+             "a 2-core machine). It only reads the others: `bench/bench_golden.py` (about 12 minutes, 370M "
+             "golden decode), `bench/bench_rtl.py` (Verilator builds, tens of minutes), `bench/bench_synth.py` "
+             "(Yosys, tens of minutes), `bitstreams/*/report.json` (`make bitstream BOARD=...`), and "
+             "`bench/bench_gpu.py` (needs an H200: about 2.5 minutes there, "
+             "`python3 bench/bench_gpu.py --out bench/results/gpu.json --git-revision $(git rev-parse HEAD)`).\n")
+    return "\n".join(s).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=DOC)
+    ap.add_argument("--fig-dir", type=Path, default=FIG_DIR)
+    ap.add_argument("--root", type=Path, default=REPO, help="repository whose JSON to read")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--check", action="store_true", help="exit 1 if --out differs from the generated text")
+    args = ap.parse_args(argv)
+    data = load_inputs(args.root)
+    if args.check:
+        figs = sorted(p.name for p in args.fig_dir.glob("*.png")) if args.fig_dir.is_dir() else []
+        text = render(data, figs)
+        same = args.out.exists() and args.out.read_text() == text
+        print(f"{args.out}: {'up to date' if same else 'differs from the JSON'}", file=sys.stderr)
+        return 0 if same else 1
+    figs = [] if args.no_plots else plots(data, project(data), args.fig_dir)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(data, figs))
+    missing_inputs = [INPUTS[k][0] for k in INPUTS if data.get(k) is None]
+    print(f"wrote {args.out}" + (f" and {len(figs)} plots" if figs else "")
+          + (f"; missing (labelled not yet measured): {', '.join(missing_inputs)}" if missing_inputs else ""),
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
