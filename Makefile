@@ -11,6 +11,7 @@ PYTEST_ARGS ?=
 
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: run test test-all lint eval venv clean help
 
@@ -21,6 +22,7 @@ help:
 	@echo "make eval      held-out perplexity and bits per byte of the shipped model (DEVICE=, MODEL=)"
 	@echo "make lint      ruff"
 	@echo "make power     power of a 32-token generation, estimated on the default device: out/power/power.{csv,json,png}"
+	@echo "make bench     re-run the cheap benchmarks (cycle model, CPU baseline) and regenerate docs/PERFORMANCE.md"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +37,11 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@ $(RUN_STAMP)
+
+# Dev + the benchmarks' PyTorch baselines.
+$(BENCH_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@touch $@ $(DEV_STAMP) $(RUN_STAMP)
 
 venv: $(DEV_STAMP)
 
@@ -70,3 +77,18 @@ lint: $(DEV_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# Performance report. Re-runs the cheap benchmarks: bench_perf.py (cycle model, seconds) and bench_cpu.py
+# (golden vs float reference vs PyTorch on this CPU, 3-5 minutes on 2 cores; needs torch, see the bench extra),
+# then regenerates docs/PERFORMANCE.md and docs/perf/*.png from bench/results/*.json and bitstreams/*/report.json.
+# Only read, never re-run here: bench_golden.py (~12 min), bench_rtl.py and bench_synth.py (Verilator/Yosys
+# builds, tens of minutes), bench_gpu.py (needs an H200), bitstreams (make bitstream BOARD=...).
+# `python bench/report.py` alone regenerates the report from the committed JSON (deterministic).
+.PHONY: bench bench-report
+bench: $(BENCH_STAMP)
+	nice -n 10 $(BIN)/python bench/bench_perf.py
+	nice -n 10 $(BIN)/python bench/bench_cpu.py
+	$(BIN)/python bench/report.py
+
+bench-report: $(DEV_STAMP)
+	$(BIN)/python bench/report.py
