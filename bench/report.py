@@ -334,6 +334,13 @@ def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[d
         return []
     out = []
     pboards = perf.get("boards", {})
+    # RTL cycles / model cycles of the shipped model per build: the model's error where the RTL was run
+    rtl_ratios = {}
+    if data.get("rtl"):
+        for _, e in _rtl_entries(data["rtl"]):
+            bb, cpt = e.get("build", {}), e["cycles_per_token"]
+            if cpt.get("model"):
+                rtl_ratios[(bb.get("lanes"), bb.get("channels"), bb.get("bus_bits"))] = cpt["hw"] / cpt["model"]
     for b in BOARD_ORDER:
         pb = pboards.get(b)
         if pb is None:
@@ -377,7 +384,11 @@ def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[d
             idle_w = IDLE[b]["total"].value
             duration = 1.0 / tok_s
             j_total = idle_w * duration + e_dyn
+            ratio = rtl_ratios.get((lanes, channels, bus_bits))
             out.append({"board": b, "title": perf["boards"][b]["name"], "model": model, "packing": packing,
+                        "rtl_over_model": ratio,
+                        "tokens_per_s_rtl_corrected": (min(cycles_rate / ratio, rates["dram"], rates["ports"])
+                                                       if ratio and schedule == "default" else None),
                         "schedule": schedule, "build": build, "build_source": source, "fmax_mhz": fmax,
                         "fmax_status": fstat, "cycles_per_token": r["cycles_per_token"],
                         "stream_efficiency": r["stream_efficiency"], "roofline": rates,
@@ -399,11 +410,14 @@ def projection_section(data: dict, proj: list[dict]) -> str:
                      fmt(p["cycles_per_token"]), fmt(p["tokens_per_s"]) + f" ({p['limited_by']})",
                      f"{fmt(p['roofline_bound'])} ({p['roofline_binding']})",
                      " / ".join(fmt(rl[k]) for k in ("dram", "ports", "channels", "lanes")),
-                     fmt(p["power_w"]), fmt(p["tokens_per_j"]), fmt(p["tokens_per_j_above_idle"])])
+                     fmt(p["power_w"]), fmt(p["tokens_per_j"]), fmt(p["tokens_per_j_above_idle"]),
+                     (f"{fmt(p['tokens_per_s_rtl_corrected'])} (x{p['rtl_over_model']:.4f})"
+                      if p["tokens_per_s_rtl_corrected"] else "— (no RTL run of this build)")])
     t = table(["board", "schedule", "build (lanes x ch x bus)", "clock MHz", "cycles/token (model)",
                "**projected tokens/s**", "roofline tokens/s", "dram / ports / channels / lanes",
-               "power W (estimate)", "tokens/J", "tokens/J above idle"], rows)
-    notes = ("\nAll numbers in this table are PROJECTED: the cycle model's cycles per token "
+               "power W (estimate)", "tokens/J", "tokens/J above idle",
+               "tokens/s with the RTL/model cycle ratio (shipped model, same build)"], rows)
+    notes = ("\n\nAll numbers in this table are PROJECTED: the cycle model's cycles per token "
              "(`bench/results/perf.json`; the RTL matches it within the differences listed above for the "
              "shipped model), at the clock shown, capped by DRAM and port bandwidth "
              "(`host.perf.BOARDS`, vendor peaks); power is the activity ESTIMATE of `host/power/estimate.py` "
@@ -468,7 +482,10 @@ def gpu_section(data: dict) -> str:
              f"memory-bound ceiling of {fmt(rl['memory_bound_tokens_per_s'])} tokens/s for bfloat16 weights; the best "
              f"variant reaches {pct(max((e.get('fraction_of_memory_bound') or 0) for e in g['variants'].values()))} of "
              "it: at batch 1 the step is a chain of ~170 small GEMVs and their elementwise kernels, bound by "
-             "kernel latency, not by bandwidth.",
+             "kernel latency, not by bandwidth. This is a framework baseline (cuBLAS and Inductor kernels), not a "
+             "tuned ternary kernel: with 2-bit packed weights "
+             f"({fmt(m['n_trits'] / 4 / 1e6)} MB a token) the same bandwidth would bound decode at "
+             f"{fmt(rl['copy_bandwidth_bytes_per_s'] / (m['n_trits'] / 4))} tokens/s.",
              "",
              f"Check: the same PyTorch code on the shipped model in bfloat16 agrees with the float reference on "
              f"{pct(corr.get('greedy_token_agreement'))} of {corr.get('tokens', '—')} greedy tokens (logits "
