@@ -465,9 +465,11 @@ def gpu_section(data: dict) -> str:
                     "tokens/J above idle"], rows), "",
              f"MEASURED on one {gi['name']} (driver {gi['driver']}, PyTorch {gi['torch']}, CUDA {gi['cuda_runtime']}, "
              f"Triton {gi.get('triton', '—')}), batch 1, greedy decode kept on the GPU, 370M shape "
-             f"({fmt(m['n_trits'])} trits) with **random weights** ({m['weights']}; speed does not "
-             f"depend on the values: every GEMV is dense). Weights: {m['weight_dtype']}, "
-             f"{fmt(m['weight_bytes_per_token'] / 1e6)} MB read per token.",
+             f"({fmt(m['n_trits'])} trits) with **random weights**: {m['weights']}; speed does not "
+             f"depend on the values, since every GEMV is dense. Weights: {m['weight_dtype']}, "
+             f"{fmt(m['weight_bytes_per_token'] / 1e6)} MB read per token. The `eager` and `compile` variants "
+             "launch every kernel from Python, so they also measure the GPU machine's host CPU "
+             f"({g['machine'].get('cpu')}, {g['machine'].get('cpu_count')} cores).",
              "",
              "Kernels: " + "; ".join(f"{k}: {v}" for k, v in g["kernels"].items()) + ".",
              "",
@@ -515,8 +517,8 @@ def cpu_section(data: dict) -> str:
                    f"{sp['runs']} runs of {sp['steps_per_run']} teacher-forced steps rotating over the devices; "
                    f"numba threads {c['settings']['numba_threads']}, torch threads {c['settings']['torch_threads']}. "
                    f"**Machine shared with other jobs**: 1-minute load average "
-                   f"{fmt(min(load), 2)} – {fmt(max(load), 2)} during the runs (start "
-                   f"{fmt(c['loadavg_start'][0], 2)}), so absolute numbers are pessimistic and the multi-threaded "
+                   f"{fmt(min(load))} – {fmt(max(load))} during the runs (start "
+                   f"{fmt(c['loadavg_start'][0])}), so absolute numbers are pessimistic and the multi-threaded "
                    f"golden device suffers most. PyTorch vs float reference: argmax agreement "
                    f"{pct(chk.get('argmax_agreement'))} over {chk.get('tokens')} tokens, logits relative error "
                    f"median {fmt(chk.get('logits_rel_err_median'))}.")
@@ -528,7 +530,7 @@ def cpu_section(data: dict) -> str:
         med = r["speed"]["tokens_per_s_median"]
         load = r["speed"]["loadavg_1min_after_runs"]
         out.append(table(["device", "tokens/s (median)", "load average during runs"],
-                         [[f"`{k}`", fmt(v), f"{fmt(min(load), 2)} – {fmt(max(load), 2)}"] for k, v in med.items()]))
+                         [[f"`{k}`", fmt(v), f"{fmt(min(load))} – {fmt(max(load))}"] for k, v in med.items()]))
         out.append(f"\nMEASURED, random weights of the 370M shape ({r['speed']['runs']} runs of "
                    f"{r['speed']['steps_per_run']} steps).")
     return "\n".join(out)
@@ -693,7 +695,9 @@ def render(data: dict, figures: list[str] | None = None) -> str:
              "golden decode), `bench/bench_rtl.py` (Verilator builds, tens of minutes), `bench/bench_synth.py` "
              "(Yosys, tens of minutes), `bitstreams/*/report.json` (`make bitstream BOARD=...`), and "
              "`bench/bench_gpu.py` (needs an H200: about 2.5 minutes there, "
-             "`python3 bench/bench_gpu.py --out bench/results/gpu.json --git-revision $(git rev-parse HEAD)`).\n")
+             "`python3 bench/bench_gpu.py --out bench/results/gpu.json --git-revision $(git rev-parse HEAD)`; "
+             "the committed result ran on a copy of `bench/`, `host/` and `models/hgrn-bit-pydoc` at the "
+             "revision it records, without `.git`, so the revision is passed on the command line).\n")
     return "\n".join(s).rstrip() + "\n"
 
 
