@@ -536,6 +536,48 @@ def cpu_section(data: dict) -> str:
     return "\n".join(out)
 
 
+def summary_section(data: dict, proj: list[dict]) -> str:
+    """One row per headline figure, each with its status and source file."""
+    rows = []
+    rtl = data.get("rtl")
+    if rtl is None:
+        rows.append(["stream efficiency, shipped model, RTL", missing("rtl"), "—", "simulated", "—"])
+    else:
+        for _, e in _rtl_entries(rtl):
+            b = e.get("build", {})
+            rows.append([f"stream efficiency, shipped model, RTL {b.get('lanes')}x{b.get('channels')}x"
+                         f"{b.get('bus_bits')}", pct(e.get("stream_efficiency", {}).get("hw")),
+                         f"{fmt(int(e['cycles_per_token']['hw']))} cycles/token", "simulated",
+                         "`bench/results/rtl.json`"])
+    for p in proj:
+        if p["schedule"] == "default":
+            lanes, ch, bus = p["build"]
+            rows.append([f"370M decode, {p['title']} ({lanes}x{ch}x{bus}, {p['fmax_mhz']:g} MHz)",
+                         f"{fmt(p['tokens_per_s'])} tokens/s", f"{fmt(p['tokens_per_j'])} tokens/J", "projected",
+                         "`bench/results/perf.json` + power estimate"])
+    g = data.get("gpu")
+    if g is None:
+        rows.append(["370M decode, H200 (PyTorch)", missing("gpu"), "—", "measured", "—"])
+    else:
+        ok = {k: e for k, e in g["variants"].items() if "tokens_per_s" in e}
+        if ok:
+            k, e = max(ok.items(), key=lambda kv: kv[1]["tokens_per_s"])
+            rows.append([f"370M decode, H200, PyTorch `{k}`", f"{fmt(e['tokens_per_s'])} tokens/s",
+                         f"{fmt(e['tokens_per_j_total'])} tokens/J ({fmt(e['tokens_per_j_above_idle'])} above idle)",
+                         "measured", "`bench/results/gpu.json`"])
+    gold = data.get("golden")
+    if gold and "random_370m" in gold:
+        med = gold["random_370m"]["speed"]["tokens_per_s_median"]
+        k = max(med, key=med.get)
+        rows.append([f"370M decode, golden device on this CPU (`{k}`)", f"{fmt(med[k])} tokens/s", "—",
+                     "measured (shared machine)", "`bench/results/golden.json`"])
+    for a in ANCHORS:
+        rows.append([f"{a['short']}, {a['hardware']}", f"{fmt(a['tokens_per_s'])} tokens/s",
+                     f"{fmt(a['tokens_per_s'] / a['power_w'])} tokens/J" if a["power_w"] else "—", "published",
+                     "see Published anchors"])
+    return table(["figure", "rate", "efficiency", "status", "source"], rows)
+
+
 # ------------------------------------------------------------------------------------------ plots
 def plots(data: dict, proj: list[dict], fig_dir: Path) -> list[str]:
     """Write the PNG plots (deterministic bytes: Agg, fixed size, no timestamp metadata); returns their names."""
@@ -662,6 +704,8 @@ def render(data: dict, figures: list[str] | None = None) -> str:
              "- **published**: others' numbers, cited with their caveats.\n\n"
              "No FPGA board has decoded a token of the 370M, 1.3B or 2.7B models in this project yet: every "
              "board figure is projected.\n")
+    s.append("## Summary\n")
+    s.append(summary_section(data, proj) + "\n")
     s.append("## Sources\n")
     s.append(provenance_section(data) + "\n")
     s.append("## Cycles per token and stream efficiency\n")
