@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""GPU baseline: batch-1 greedy decode of the HGRN-Bit 370M shape in PyTorch, tokens/s and energy per token.
+"""GPU baseline: batch-1 greedy decode of HGRN-Bit shapes in PyTorch, tokens/s and energy per token.
 
 The model is :class:`bench.torch_hgrn.TorchHGRNBit` (the architecture of :mod:`host.reference` in plain
 PyTorch) with **random** ternary weights of the 370M shape (``host.model.random_weights``: vocab 32000,
-hidden 1024, 24 layers, intermediate 2816; trits uniform over {-1, 0, 1}): decode speed does not depend on
+hidden 1024, 24 layers, intermediate 2816; ``--shape`` 1.3B or 2.7B for the larger released shapes; trits
+uniform over {-1, 0, 1}): decode speed does not depend on
 the weight values, since every GEMV is dense. Weights are stored dequantized as dense bfloat16 tensors
 (trits are exact in bfloat16) and every BitLinear is one ``torch.nn.functional.linear`` (cuBLAS
 GEMV/GEMM kernels); RMSNorm, absmax quantization, the MLGRU and GLU elementwise work run as separate
@@ -37,6 +38,8 @@ Usage (on a machine with a CUDA GPU)::
 
     python3 bench/bench_gpu.py --out bench/results/gpu.json
     python3 bench/bench_gpu.py --variants eager,cuda_graph --energy-s 10
+    python3 bench/bench_gpu.py --shape 2.7B --variants cuda_graph,compile_cuda_graph \
+        --out bench/results/gpu_2.7b.json
 
 Results go to ``--out`` (default ``bench/results/gpu.json``).
 """
@@ -58,7 +61,12 @@ for _p in (REPO, REPO / "bench"):
 import numpy as np  # noqa: E402
 from _common import RESULTS, provenance, write_json  # noqa: E402
 
-SHAPE_370M = {"vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 2816}
+SHAPES = {  # the released checkpoints' shapes (ridger/MMfreeLM-370M, -1.3B, -2.7B)
+    "370M": {"vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 2816},
+    "1.3B": {"vocab_size": 32000, "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5632},
+    "2.7B": {"vocab_size": 32000, "hidden_size": 2560, "num_hidden_layers": 32, "intermediate_size": 6912},
+}
+SHAPE_370M = SHAPES["370M"]
 VARIANTS = ("eager", "cuda_graph", "compile", "compile_cuda_graph")
 
 
@@ -223,7 +231,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--layers", type=int, default=SHAPE_370M["num_hidden_layers"])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="370M", help="model shape (random weights)")
+    ap.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
     ap.add_argument("--energy-s", type=float, default=12.0, help="energy window per variant (>= 10 s)")
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--settle-s", type=float, default=20.0, help="pause before the post-setup idle window")
@@ -267,13 +276,16 @@ def main(argv=None) -> int:
         pass
     print(report["gpu"], flush=True)
 
-    shape = {**SHAPE_370M, "num_hidden_layers": args.layers}
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
     cfg = HGRNBitConfig(**shape)
     t0 = time.perf_counter()
     weights = random_weights(cfg, seed=args.seed)
     model = TorchHGRNBit(weights, device="cuda", weight_dtype=torch.bfloat16)
     del weights
-    report["model"] = {"shape": shape, "weights": f"random ternary (host.model.random_weights seed {args.seed})",
+    report["model"] = {"name": args.shape, "shape": shape,
+                       "weights": f"random ternary (host.model.random_weights seed {args.seed})",
                        "weight_dtype": "bfloat16 (dense, dequantized trits)", "n_trits": cfg.n_trits,
                        "weight_bytes_per_token": model.bytes_per_token(),
                        "setup_s": time.perf_counter() - t0}
