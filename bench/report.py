@@ -63,6 +63,8 @@ INPUTS = {
     "rtl": ("bench/results/rtl.json", "python bench/bench_rtl.py"),
     "synth": ("bench/results/synth.json", "python bench/bench_synth.py"),
     "gpu": ("bench/results/gpu.json", "python3 bench/bench_gpu.py (on an H200)"),
+    "gpu_1.3b": ("bench/results/gpu_1.3b.json", "python3 bench/bench_gpu.py --shape 1.3B (on an H200)"),
+    "gpu_2.7b": ("bench/results/gpu_2.7b.json", "python3 bench/bench_gpu.py --shape 2.7B (on an H200)"),
     "cpu": ("bench/results/cpu.json", "python bench/bench_cpu.py"),
     "golden": ("bench/results/golden.json", "python bench/bench_golden.py"),
 }
@@ -170,7 +172,7 @@ def provenance_section(data: dict) -> str:
         if isinstance(load, list) and load:
             load = ", ".join(fmt(float(x), 2) for x in load[:3])
         mach = d.get("machine") or {}
-        where = (d.get("gpu") or {}).get("name") if key == "gpu" else mach.get("cpu")
+        where = (d.get("gpu") or {}).get("name") if key.startswith("gpu") else mach.get("cpu")
         command = d.get("command_short") or d.get("command") or cmd
         if key == "synth" and "runs" in d:
             first = next(iter(d["runs"].values()), {})
@@ -493,6 +495,26 @@ def gpu_section(data: dict) -> str:
              f"{pct(corr.get('greedy_token_agreement'))} of {corr.get('tokens', '—')} greedy tokens (logits "
              f"relative error median {fmt(corr.get('logits_rel_err_median'))}, "
              f"max {fmt(corr.get('logits_rel_err_max'))})."]
+    big = []
+    for key in ("gpu_1.3b", "gpu_2.7b"):
+        d = data.get(key)
+        if d is None:
+            big.append([key.split("_")[1].upper(), "—", missing(key), "", "", "", "", ""])
+            continue
+        rl2 = d["roofline"]
+        for name, e in d["variants"].items():
+            if "error" in e:
+                big.append([d["model"]["name"], f"`{name}`", f"failed: {e['error'][:60]}", "", "", "", "", ""])
+                continue
+            big.append([d["model"]["name"], f"`{name}`", fmt(e["tokens_per_s"]), fmt(e["energy_window"]["power_w"]),
+                        fmt(e["j_per_token_total"]), fmt(e["tokens_per_j_total"]), fmt(e["tokens_per_j_above_idle"]),
+                        f"{fmt(rl2['memory_bound_tokens_per_s'])} ({pct(e.get('fraction_of_memory_bound'))})"])
+    lines += ["", "#### Larger released shapes on the same GPU\n",
+              table(["shape", "variant", "tokens/s (median)", "power W", "J/token", "tokens/J", "tokens/J above idle",
+                     "bfloat16 memory-bound tokens/s (reached)"], big),
+              "", "MEASURED the same way (random weights of each shape, idle measured and subtracted in each run; "
+              "only the `cuda_graph` and `compile_cuda_graph` variants). TerEffic's 2.7B HBM figure (727 tokens/s "
+              "at 46 W, published) sits beside the 2.7B rows."]
     return "\n".join(lines)
 
 
@@ -565,6 +587,14 @@ def summary_section(data: dict, proj: list[dict]) -> str:
             rows.append([f"370M decode, H200, PyTorch `{k}`", f"{fmt(e['tokens_per_s'])} tokens/s",
                          f"{fmt(e['tokens_per_j_total'])} tokens/J ({fmt(e['tokens_per_j_above_idle'])} above idle)",
                          "measured", "`bench/results/gpu.json`"])
+    for key in ("gpu_1.3b", "gpu_2.7b"):
+        d = data.get(key)
+        ok = {k: e for k, e in (d or {}).get("variants", {}).items() if "tokens_per_s" in e}
+        if ok:
+            k, e = max(ok.items(), key=lambda kv: kv[1]["tokens_per_s"])
+            rows.append([f"{d['model']['name']} decode, H200, PyTorch `{k}`", f"{fmt(e['tokens_per_s'])} tokens/s",
+                         f"{fmt(e['tokens_per_j_total'])} tokens/J ({fmt(e['tokens_per_j_above_idle'])} above idle)",
+                         "measured", f"`{INPUTS[key][0]}`"])
     gold = data.get("golden")
     if gold and "random_370m" in gold:
         med = gold["random_370m"]["speed"]["tokens_per_s_median"]
@@ -659,6 +689,11 @@ def plots(data: dict, proj: list[dict], fig_dir: Path) -> list[str]:
     if g:
         pts += [(f"H200 {k}", e["tokens_per_j_total"], "measured") for k, e in g["variants"].items()
                 if "tokens_per_j_total" in e]
+    for key in ("gpu_1.3b", "gpu_2.7b"):
+        d = data.get(key)
+        e = (d or {}).get("variants", {}).get("compile_cuda_graph", {})
+        if "tokens_per_j_total" in e:
+            pts.append((f"H200 compile_cuda_graph ({d['model']['name']})", e["tokens_per_j_total"], "measured"))
     pts += [(a["short"], a["tokens_per_s"] / a["power_w"], "published") for a in ANCHORS
             if a["power_w"]]
     if pts:
