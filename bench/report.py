@@ -685,9 +685,9 @@ def plots(data: dict, proj: list[dict], fig_dir: Path) -> list[str]:
         written.append("stream_efficiency_shipped.png")
 
     # 3. tokens/J: projected boards vs GPU vs anchors
-    pts = [(f"{p['board']} {p['schedule']}", p["tokens_per_j"], "projected") for p in proj]
+    pts = [(f"{p['board']} {p['schedule']} (370M)", p["tokens_per_j"], "projected") for p in proj]
     if g:
-        pts += [(f"H200 {k}", e["tokens_per_j_total"], "measured") for k, e in g["variants"].items()
+        pts += [(f"H200 {k} (370M)", e["tokens_per_j_total"], "measured") for k, e in g["variants"].items()
                 if "tokens_per_j_total" in e]
     for key in ("gpu_1.3b", "gpu_2.7b"):
         d = data.get(key)
