@@ -78,16 +78,17 @@ lint: $(DEV_STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
 
-# Performance report. Re-runs the cheap benchmarks: bench_perf.py (cycle model, seconds) and bench_cpu.py
-# (golden vs float reference vs PyTorch on this CPU, 3-5 minutes on 2 cores; needs torch, see the bench extra),
+# Performance report. Re-runs the cheap benchmarks: bench_cpu.py (golden vs float reference vs PyTorch on this
+# CPU, 3-5 minutes on 2 cores; needs torch, see the bench extra) first, so that it records a clean revision when
+# the tree is clean, then bench_perf.py (cycle model, seconds; deterministic apart from its provenance),
 # then regenerates docs/PERFORMANCE.md and docs/perf/*.png from bench/results/*.json and bitstreams/*/report.json.
 # Only read, never re-run here: bench_golden.py (~12 min), bench_rtl.py and bench_synth.py (Verilator/Yosys
 # builds, tens of minutes), bench_gpu.py (needs an H200), bitstreams (make bitstream BOARD=...).
 # `python bench/report.py` alone regenerates the report from the committed JSON (deterministic).
 .PHONY: bench bench-report
 bench: $(BENCH_STAMP)
-	nice -n 10 $(BIN)/python bench/bench_perf.py
 	nice -n 10 $(BIN)/python bench/bench_cpu.py
+	nice -n 10 $(BIN)/python bench/bench_perf.py
 	$(BIN)/python bench/report.py
 
 bench-report: $(DEV_STAMP)
