@@ -207,7 +207,8 @@ class Accelerator(wiring.Component):
             with m.If(widx == W - 1):
                 m.d.sync += [beat_full.eq(0), widx.eq(0)]
         more_words = Signal()         # the section goes on past the word being taken: the next beat may load
-        with m.If(mode_word & (~beat_full | (word_take & (widx == W - 1) & more_words)) & ~draining):
+        # (never past a beat with tlast: the sequencer sees where the stream ended, see IMG_CHECK/INSTR_CHECK)
+        with m.If(mode_word & (~beat_full | (word_take & (widx == W - 1) & more_words & ~beat_last)) & ~draining):
             m.d.comb += ch0.tready.eq(1)
             with m.If(ch0.tvalid):
                 m.d.sync += [beat_reg.eq(ch0.tdata), beat_last.eq(ch0.tlast), beat_full.eq(1), widx.eq(0)]
@@ -475,7 +476,10 @@ class Accelerator(wiring.Component):
                 with m.If(beat_full):
                     m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
                     m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
-                    with m.If(cnt == 15):
+                    with m.If(word_last & (cnt != 15)):   # tlast inside the image header
+                        m.d.sync += fail(ErrorCause.TRUNCATED)
+                        m.next = "ERROR"
+                    with m.Elif(cnt == 15):
                         m.d.sync += cnt.eq(0)
                         m.next = "IMG_CHECK"
             with state("IMG_CHECK"):
@@ -498,6 +502,9 @@ class Accelerator(wiring.Component):
                             | (hv.n_layers == 0) | (hv.n_layers > self.max_layers) | (hv.vocab == 0)
                             | (hv.lut_segments_log2 != self.lut_segments_log2)):
                     m.d.sync += fail(ErrorCause.BAD_SHAPE)
+                    m.next = "ERROR"
+                with m.Elif(beat_last & ~beat_full):   # the image ends with its header
+                    m.d.sync += fail(ErrorCause.TRUNCATED)
                     m.next = "ERROR"
                 with m.Elif(hv.hidden != tok_len):
                     m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
@@ -571,6 +578,9 @@ class Accelerator(wiring.Component):
                     m.next = "ERROR"
                 with m.Elif(bad_shape):
                     m.d.sync += fail(ErrorCause.BAD_SHAPE)
+                    m.next = "ERROR"
+                with m.Elif(beat_last & (opc != Opcode.END_TOKEN.value)):   # the image ends with this header
+                    m.d.sync += fail(ErrorCause.TRUNCATED)
                     m.next = "ERROR"
                 with m.Elif(opc == Opcode.END_TOKEN.value):
                     m.next = "END"
