@@ -8,17 +8,19 @@ PROMPT ?= The Python interpreter
 TOKENS ?= 80
 SEED   ?= 0
 PYTEST_ARGS ?=
+SIM    ?= verilator
 
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run test test-all lint eval venv clean help
+.PHONY: run test test-all sim lint eval venv clean help
 
 help:
 	@echo "make run       generate text from the shipped model (PROMPT=, TOKENS=, SEED=, DEVICE=, MODEL=)"
 	@echo "make test      run the test suite (everything but the 'slow' tier)"
 	@echo "make test-all  run every tier (slow included; board/gpu tests skip without hardware)"
+	@echo "make sim       cocotb RTL regression of the core, slow cases included (SIM=verilator|icarus; builds cached in sim_build/)"
 	@echo "make eval      held-out perplexity and bits per byte of the shipped model (DEVICE=, MODEL=)"
 	@echo "make lint      ruff"
 	@echo "make power     power of a 32-token generation, estimated on the default device: out/power/power.{csv,json,png}"
@@ -72,11 +74,17 @@ test: $(DEV_STAMP)
 test-all: $(DEV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The cocotb regression of hw/ (sim/): Verilog and simulator builds are cached per parameter set and hw/
+# source in sim_build/. SIM=icarus needs iverilog on PATH. PYTEST_ARGS='-m "sim and not slow"' is the
+# quick subset.
+sim: $(DEV_STAMP)
+	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ $(PYTEST_ARGS)
+
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check host hw tests scripts bench
+	$(BIN)/ruff check host hw tests scripts bench sim
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build sim_build *.egg-info
 
 # Performance report. Re-runs the cheap benchmarks: bench_cpu.py (golden vs float reference vs PyTorch on this
 # CPU, 3-5 minutes on 2 cores; needs torch, see the bench extra) first, so that it records a clean revision when

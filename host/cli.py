@@ -143,7 +143,27 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(f"[{_plural(r.n_tokens, 'token')}, {_fmt_rate(r.decode_tokens_per_s)} tokens/s, "
               f"prefill {_plural(len(r.prompt_ids), 'token')} in {r.prefill_seconds:.3f} s, "
               f"stop {r.stop_reason}, device {device.name}]", file=sys.stderr)
+        _print_cycles(device)
     return 0
+
+
+def _print_cycles(device: Any) -> None:
+    """One stderr line of cycles per token when the device counts them (``hw_cycles``): the golden device's
+    come from its cycle model; a device with ``cycles_report()`` (rtl) measures them, and the line adds
+    the cycle model's prediction and the stream roofline."""
+    counters = device.counters()
+    tokens = counters.get("hw_tokens", 0)
+    if "hw_cycles" not in counters or not tokens:
+        return
+    report = getattr(device, "cycles_report", None)
+    rep = report() if callable(report) else None
+    if rep is None:
+        print(f"[{counters['hw_cycles'] / tokens:,.0f} cycles/token (cycle model), device {device.name}]",
+              file=sys.stderr)
+        return
+    print(f"[{rep['measured']:,.0f} cycles/token (hardware counters), cycle model {rep['predicted']:,} "
+          f"({rep['measured'] / rep['predicted'] - 1:+.2%}), roofline {rep['ideal']:,.0f} "
+          f"(stream efficiency {rep['stream_efficiency']:.1%}), device {device.name}]", file=sys.stderr)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -207,7 +207,8 @@ class Accelerator(wiring.Component):
             with m.If(widx == W - 1):
                 m.d.sync += [beat_full.eq(0), widx.eq(0)]
         more_words = Signal()         # the section goes on past the word being taken: the next beat may load
-        with m.If(mode_word & (~beat_full | (word_take & (widx == W - 1) & more_words)) & ~draining):
+        # (never past a beat with tlast: the sequencer sees where the stream ended, see IMG_CHECK/INSTR_CHECK)
+        with m.If(mode_word & (~beat_full | (word_take & (widx == W - 1) & more_words & ~beat_last)) & ~draining):
             m.d.comb += ch0.tready.eq(1)
             with m.If(ch0.tvalid):
                 m.d.sync += [beat_reg.eq(ch0.tdata), beat_last.eq(ch0.tlast), beat_full.eq(1), widx.eq(0)]
@@ -403,6 +404,11 @@ class Accelerator(wiring.Component):
 
         # ---------------- the sequencer
         stalls = Signal()
+        first_out = Signal(init=1)    # the next output word starts a packet (the last one ended with tlast)
+        clear_pending = Signal()      # CTRL.clear while an aborted output packet was still being closed
+        lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
+        instr_done = Signal()         # an instruction completes this cycle (its last: the next one's NEXT follows)
+        m.d.sync += ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + instr_done)
         m.d.sync += ctr[Counter.STREAM_STALLS].eq(ctr[Counter.STREAM_STALLS] + stalls)
         m.d.comb += [regs.busy.eq(busy), regs.done.eq(done), regs.error.eq(err), regs.error_cause.eq(err_cause),
                      regs.error_where.eq(err_where), regs.position.eq(position),
@@ -475,7 +481,10 @@ class Accelerator(wiring.Component):
                 with m.If(beat_full):
                     m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
                     m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
-                    with m.If(cnt == 15):
+                    with m.If(word_last & (cnt != 15)):   # tlast inside the image header
+                        m.d.sync += fail(ErrorCause.TRUNCATED)
+                        m.next = "ERROR"
+                    with m.Elif(cnt == 15):
                         m.d.sync += cnt.eq(0)
                         m.next = "IMG_CHECK"
             with state("IMG_CHECK"):
@@ -498,6 +507,9 @@ class Accelerator(wiring.Component):
                             | (hv.n_layers == 0) | (hv.n_layers > self.max_layers) | (hv.vocab == 0)
                             | (hv.lut_segments_log2 != self.lut_segments_log2)):
                     m.d.sync += fail(ErrorCause.BAD_SHAPE)
+                    m.next = "ERROR"
+                with m.Elif(beat_last & ~beat_full):   # the image ends with its header
+                    m.d.sync += fail(ErrorCause.TRUNCATED)
                     m.next = "ERROR"
                 with m.Elif(hv.hidden != tok_len):
                     m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
@@ -572,6 +584,9 @@ class Accelerator(wiring.Component):
                 with m.Elif(bad_shape):
                     m.d.sync += fail(ErrorCause.BAD_SHAPE)
                     m.next = "ERROR"
+                with m.Elif(beat_last & (opc != Opcode.END_TOKEN.value)):   # the image ends with this header
+                    m.d.sync += fail(ErrorCause.TRUNCATED)
+                    m.next = "ERROR"
                 with m.Elif(opc == Opcode.END_TOKEN.value):
                     m.next = "END"
                 with m.Elif(const_vecs != 0):
@@ -624,7 +639,6 @@ class Accelerator(wiring.Component):
                     m.next = "QUANT"
             with state("QUANT"):
                 m.d.comb += [busy.eq(1), quant.cmd.valid.eq(1)]
-                m.d.sync += ctr[Counter.QUANT_CYCLES].eq(ctr[Counter.QUANT_CYCLES] + 1)
                 with m.If(quant.cmd.ready):
                     m.next = "QUANT_WAIT"
             with state("QUANT_WAIT"):
@@ -634,6 +648,7 @@ class Accelerator(wiring.Component):
                     m.next = "GEMV_START"
             with state("GEMV_START"):
                 m.d.comb += [busy.eq(1), epi.start.eq(1)]
+                m.d.sync += [lanes_done[c].eq(0) for c in range(C)]
                 with m.If(ih.flags.as_value()[2]):  # LOGITS: this is the LM head
                     m.d.sync += [out_scale_m.eq(scale_m), out_scale_s.eq(scale_s + ih.out_frac), n_logits.eq(0)]
                 blk = (((ih.n + C - 1) // C) * ih.k)
@@ -643,8 +658,14 @@ class Accelerator(wiring.Component):
             with state("GEMV"):
                 m.d.comb += [busy.eq(1), feed_rows.eq(1), beat_to_gear0.eq(cnt < ch0_block_beats)]
                 m.d.comb += logits_on.eq(ih.flags.as_value()[2])
-                m.d.sync += ctr[Counter.GEMV_CYCLES].eq(ctr[Counter.GEMV_CYCLES] + 1)
-                m.d.comb += stalls.eq(Cat(*[~g.o.valid & g.o.ready for g in gear]).any())
+                # the lanes are busy (or wait for weights) until every channel's block ended; the adder tree and
+                # epilogue drain after that is neither (docs/ISA.md: GEMV_CYCLES, STREAM_STALLS)
+                lanes_busy = ~Cat(*lanes_done).all()
+                m.d.sync += ctr[Counter.GEMV_CYCLES].eq(ctr[Counter.GEMV_CYCLES] + lanes_busy)
+                m.d.comb += stalls.eq(Cat(*[~g.o.valid & g.o.ready & ~lanes_done[c] for c, g in enumerate(gear)]).any())
+                for c, g in enumerate(gear):
+                    with m.If(g.o.valid & g.o.ready & g.o.payload.end):
+                        m.d.sync += lanes_done[c].eq(1)
                 # one command per channel, once
                 for g in gear:
                     m.d.comb += g.cmd.valid.eq(~gear_cmd_sent)
@@ -667,15 +688,16 @@ class Accelerator(wiring.Component):
                     m.d.sync += cnt.eq(cnt + 1)
                 with m.If(cnt >= ch0_block_beats):
                     m.d.sync += cnt.eq(0)
+                    m.d.comb += instr_done.eq(1)
                     m.next = "NEXT"
             with state("RUN_TOKEN"):
                 m.d.comb += [busy.eq(1), feed_token.eq(1)]
                 with m.If(epi.done):
+                    m.d.comb += instr_done.eq(1)
                     m.next = "NEXT"
             with state("NEXT"):
                 m.d.comb += [mode_word.eq(1), busy.eq(1)]
-                m.d.sync += [instr_idx.eq(instr_idx + 1), cnt.eq(0),
-                             ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + 1)]
+                m.d.sync += [instr_idx.eq(instr_idx + 1), cnt.eq(0)]
                 m.next = "INSTR_HDR"
             with state("END"):
                 # padding words, then the trailer; the logits (if any) went out during the LM head
@@ -712,6 +734,7 @@ class Accelerator(wiring.Component):
                         m.d.sync += [cnt.eq(0), bank_flip.eq(1)]
                         m.next = "COMMIT"
             with state("COMMIT", guarded=False):
+                m.d.comb += instr_done.eq(1)      # END_TOKEN completes with the commit
                 m.d.sync += [state_bank.eq(~state_bank), state_valid.eq(1), bank_flip.eq(0), done.eq(1),
                              position.eq(position), ctr[Counter.TOKENS].eq(ctr[Counter.TOKENS] + 1),
                              cnt.eq(0)]
@@ -719,13 +742,18 @@ class Accelerator(wiring.Component):
             with state("ERROR", guarded=False):
                 m.d.comb += [draining.eq(1), soft_rst.eq(1)]
                 m.d.sync += [cnt.eq(0), tok_pending.eq(0)]
+                # an output packet left open (an error while the LM head streamed its logits) is closed by
+                # one word with tlast, so that the next token's packet is not appended to it
+                with m.If(~first_out):
+                    m.d.comb += [out_valid.eq(1), out_word.eq(isa.OUTPUT_ABORT_WORD), out_last.eq(1)]
                 with m.If(regs.clear):
-                    m.d.sync += [err.eq(0), err_cause.eq(0)]
+                    m.d.sync += clear_pending.eq(1)
+                with m.If((regs.clear | clear_pending) & first_out):
+                    m.d.sync += [err.eq(0), err_cause.eq(0), clear_pending.eq(0)]
                     m.next = "TOKEN"
         self._debug = {"fsm": fsm, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause, "beat_full": beat_full,
                        "widx": widx, "word": word}
         # the output CRC restarts with each packet: after the previous trailer
-        first_out = Signal(init=1)
         with m.If(out_take):
             m.d.sync += first_out.eq(out_last)
         m.d.comb += crc_o.start.eq(first_out & out_take)

@@ -66,15 +66,15 @@ DEVICES: dict[str, DeviceEntry] = {
                           "integer ISS of the accelerator (host.devices.golden): the bit-exact oracle"),
     "reference": DeviceEntry("host.devices.reference", "ReferenceDevice",
                              "float numpy model (host.reference): the accuracy yardstick"),
+    "rtl": DeviceEntry("host.devices.rtl", "RtlDevice",
+                       "Verilated hw/ core (host.devices.rtl): the golden device's bits, hardware cycle counts"),
     # Planned; move each here from PLANNED_DEVICES when its module exists:
-    # "rtl":    DeviceEntry("host.devices.rtl", "RtlDevice", "Verilated hw/ top: same bits, cycle counts"),
     # "pynq":   DeviceEntry("host.devices.pynq", "PynqDevice", "Zynq board through pynq (Overlay, AxiDMA)"),
     # "xrt":    DeviceEntry("host.devices.xrt", "XrtDevice", "Alveo card through pyxrt (kernel, bo)"),
 }
 
 #: Devices the design names but that are not written yet: opening one gives a clear DeviceError.
 PLANNED_DEVICES: dict[str, str] = {
-    "rtl": "Verilated hw/ top: the same bits as golden, with cycle counts",
     "pynq": "Zynq / Zynq US+ board through pynq (Overlay, AxiDMA, MMIO)",
     "xrt": "Alveo card through pyxrt (kernel, buffer objects)",
 }

@@ -1,0 +1,584 @@
+"""The RTL device: the Verilated ``hw/`` core behind the :class:`~host.devices.base.Device` interface.
+
+:meth:`RtlDevice.load` compiles the model image (:func:`host.compiler.compile_model`, with the build's
+packing and channel count), splits it into the per-channel byte streams the core reads, builds (once per
+build parameters and ``hw/`` source, :func:`host.devices.rtl_harness.build_harness`) and starts the
+Verilator harness (``host/devices/rtl_harness/harness.cpp``), and checks the core's ID block. Each
+:meth:`~host.devices.base.Device.step` sends one token packet (the host's embedding lookup, exactly the
+packet the golden device runs, :meth:`host.devices.golden.GoldenDevice.token_packet`); the harness drives
+channel 0 with the packet and then the image, the other channels with their weight blocks, all at full
+rate, and returns the output packet, which gives the logits exactly as on the golden device
+(:func:`host.devices.golden.parse_output_packet` then ``.logits()``), and the hardware counters read
+through AXI4-Lite.
+
+Why a subprocess with pipes, not a compiled extension
+    The stimulus must live inside the simulator (Python-driven beats run at 5-20 k cycles/s); what
+    crosses to Python per token is one token packet (about 1.4 kB for the shipped model) and one output
+    packet (16 kB of logits) against 10^5-10^6 simulated cycles, so the transport's cost (tens of
+    microseconds per token through a pipe) is invisible next to the simulation (tenths of a second).
+    A subprocess costs nothing measurable and gives: (1) isolation: a crash or assertion in the
+    Verilated model, or a runaway simulation, cannot take the Python process (and a pytest run) down
+    with it, and :meth:`close` always reclaims it; (2) no Python C-API build: the harness is a plain
+    C++ program linked against Verilator's runtime only, built by Verilator's own makefiles, independent
+    of the interpreter's headers, ABI and pybind11/nanobind versions; (3) a debuggable artefact: the
+    same executable runs from the shell (``harness ch0.bin < requests``), under gdb or with an FST dump;
+    (4) Verilator's global state (``VerilatedContext``, ``$finish``, ``exit`` on fatal errors) stays
+    out of the interpreter, so several devices of different builds can run side by side. A compiled
+    extension would save only the pipe's microseconds.
+
+Saving and restoring the state
+    The recurrent state lives in the core's state memory, which the host cannot read or write (the
+    register map has no window onto it, as on a board). :meth:`save_state` therefore returns the
+    token ids run since the last reset (a host-side replay log; a tuple, so independent of later
+    steps), and :meth:`restore_state` hard-resets the core (``rst``: the core then reads the committed
+    state as zero, ``state_valid = 0``) and replays those tokens, which recomputes exactly the same state
+    (the core is deterministic and a token's result depends only on the image, the token packet and
+    the state). When the saved log extends the current one, only the missing tokens run; when it equals
+    it, nothing runs. A replay costs simulated time: ``replayed_tokens`` counts it, and the replayed
+    tokens' hardware counters are added like any other (the hardware did the work).
+
+Counters
+    ``hw_<name>`` for every :class:`hw.isa.Counter` (increments per token, read through AXI4-Lite after
+    each token; the harness keeps the baseline across tokens and resets), ``sim_cycles`` (clock cycles
+    the harness ran, register accesses included), ``sim_wall_ns`` and ``sim_cpu_ns`` (wall and CPU time
+    of the simulation, pipe I/O excluded), ``replayed_tokens``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from host.devices.base import Device, DeviceError
+from host.image import ParsedImage, const_section_bytes, parse_image
+from host.model import ModelWeights
+from host.perf import BuildParams, token_counters
+from hw import isa
+from hw import numerics as nx
+from hw.isa import Counter, ErrorCause, Opcode, TritPacking
+
+__all__ = ["RtlDevice", "TokenRun", "channel_streams", "Harness"]
+
+_COUNTERS = list(Counter)
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(int(v) - 1, 0).bit_length()
+
+
+def channel_streams(image: ParsedImage | bytes, channels: int | None = None) -> list[bytes]:
+    """The byte stream each weight channel carries for one pass over an image.
+
+    Channel 0: the image header, then per instruction its header, its constants and its weight block
+    0 (image order); channel ``c > 0``: weight block ``c`` of every GEMV, in program order
+    (``hw/top.py``'s stream protocol; :func:`host.image.channel_block_bytes` sizes the blocks).
+
+    Parameters
+    ----------
+    image : ParsedImage or bytes
+    channels : int, optional
+        Must equal the image's channel count when given.
+
+    Returns
+    -------
+    list of bytes, one per channel; their lengths sum to the image's.
+
+    Raises
+    ------
+    ValueError
+        On a channel-count mismatch.
+    """
+    img = image if isinstance(image, ParsedImage) else parse_image(image)
+    c_img = img.info.channels
+    if channels is not None and channels != c_img:
+        raise ValueError(f"image compiled for {c_img} channel(s), {channels} requested")
+    raw = img.raw
+    out = [bytearray() for _ in range(c_img)]
+    out[0] += raw[:isa.layout_bytes(isa.ImageHeader)]
+    for ins in img.instructions:
+        head = isa.layout_bytes(isa.InstrHeader) + const_section_bytes(ins)
+        out[0] += raw[ins.offset:ins.offset + head]
+        if ins.opcode is Opcode.GEMV:
+            for c, blk in enumerate(ins.blocks):
+                out[c] += blk.tobytes()
+    total = sum(len(b) for b in out)
+    if total != len(raw):
+        raise ValueError(f"channel streams hold {total} bytes, the image {len(raw)}")
+    return [bytes(b) for b in out]
+
+
+@dataclass
+class TokenRun:
+    """What the harness reported for one token.
+
+    Attributes
+    ----------
+    output : bytes
+        The output packet (empty on a failed token).
+    counters : dict[Counter, int]
+        Counter increments of this token (AXI4-Lite reads after the token).
+    cycles : int
+        Clock cycles the harness ran for the token (first beat to the counter reads, included).
+    wall_ns : int
+        Wall time of the simulation of this token, nanoseconds (pipe I/O excluded).
+    cpu_ns : int
+        CPU time of the harness process over the same span, nanoseconds (what the simulation costs,
+        whatever else runs on the machine).
+    per_instruction : list of dict[Counter, int]
+        Counter increments per instruction when profiled (see :meth:`Harness.run_token`), else empty.
+    """
+
+    output: bytes
+    counters: dict[Counter, int]
+    cycles: int
+    wall_ns: int
+    cpu_ns: int = 0
+    per_instruction: list[dict[Counter, int]] = field(default_factory=list)
+
+
+class HarnessError(DeviceError):
+    """A token the core did not finish: ``kind`` 1 (the core's error: ``cause``, ``where``) or 2 (timeout:
+    the core was reset and its state is lost)."""
+
+    def __init__(self, message: str, kind: int, cause: ErrorCause | int = 0, where: int = 0):
+        super().__init__(message)
+        self.kind, self.cause, self.where = kind, cause, where
+
+
+class Harness:
+    """A running harness process (one Verilated core with an image loaded).
+
+    Parameters
+    ----------
+    exe : Path
+        The executable of :func:`host.devices.rtl_harness.build_harness`.
+    streams : sequence of bytes
+        One byte stream per channel (:func:`channel_streams`).
+    hang_cycles : int
+        Cycles without any stream transfer after which a token is a timeout.
+    fst : Path, optional
+        Where a token run with ``dump=True`` writes its waveform (needs a trace build).
+    """
+
+    def __init__(self, exe: Path, streams: Sequence[bytes], *, hang_cycles: int = 100_000, fst: Path | None = None):
+        self._dir = Path(tempfile.mkdtemp(prefix="mmfree-rtl-"))
+        files = []
+        for c, s in enumerate(streams):
+            f = self._dir / f"ch{c}.bin"
+            f.write_bytes(s)
+            files.append(str(f))
+        args = [str(exe), "--hang-cycles", str(int(hang_cycles))]
+        if fst is not None:
+            args += ["--fst", str(fst)]
+        self._stderr = open(self._dir / "stderr.txt", "w+b")
+        try:
+            self._proc = subprocess.Popen(args + files, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=self._stderr, bufsize=0)
+        except OSError as exc:
+            self._stderr.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise DeviceError(f"device 'rtl': cannot start the harness {exe}: {exc}") from exc
+
+    # ------------------------------------------------------------------ transport
+    def _request(self, cmd: bytes, payload: bytes = b"") -> tuple[bytes, bytes]:
+        proc = self._proc
+        try:
+            proc.stdin.write(cmd + struct.pack("<I", len(payload)) + payload)
+            proc.stdin.flush()
+            head = self._read(5)
+            code, n = head[:1], struct.unpack("<I", head[1:])[0]
+            body = self._read(n)
+        except (BrokenPipeError, EOFError, OSError) as exc:
+            raise DeviceError(f"device 'rtl': the harness died ({self._died()})") from exc
+        if code == b"X":
+            raise DeviceError(f"device 'rtl': the harness rejected request {cmd!r}")
+        return code, body
+
+    def _read(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self._proc.stdout.read(n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return bytes(buf)
+
+    def _died(self) -> str:
+        try:
+            rc = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        self._stderr.seek(0)
+        err = self._stderr.read().decode(errors="replace").strip().splitlines()[-5:]
+        return f"exit status {rc}" + (f": {' / '.join(err)}" if err else "")
+
+    # ------------------------------------------------------------------ commands
+    def read(self, addr: int) -> int:
+        """One AXI4-Lite read (32 bits)."""
+        _, body = self._request(b"r", struct.pack("<I", addr))
+        return struct.unpack("<I", body)[0]
+
+    def write(self, addr: int, value: int) -> None:
+        """One AXI4-Lite write (32 bits)."""
+        self._request(b"w", struct.pack("<II", addr, value))
+
+    def reset(self) -> None:
+        """Hard reset of the core (``rst``): zero state (the committed state reads as zero), zero counters."""
+        self._request(b"R")
+
+    def run_token(self, packet: bytes, *, dump: bool = False, profile: bool = False) -> TokenRun:
+        """Run one token packet through the core.
+
+        Parameters
+        ----------
+        packet : bytes
+            A token packet (:func:`host.devices.golden.make_token_packet`).
+        dump : bool
+            Write a waveform of this token (trace builds only; FST or VCD as built).
+        profile : bool
+            Also return counter increments per instruction: the harness snapshots the core's counter
+            registers (``counter_*`` of the top module, made readable by ``public.vlt``) whenever the
+            INSTRUCTIONS counter moves (the cycle after an instruction's last element), and once more
+            after the commit, which closes END_TOKEN (that does not count itself in INSTRUCTIONS).
+
+        Raises
+        ------
+        HarnessError
+            The core stopped the token (``STATUS.error``: the cause and instruction) or it timed out.
+        """
+        flags = (1 if dump else 0) | (2 if profile else 0)
+        code, body = self._request(b"T", struct.pack("<I", flags) + packet)
+        kind, cycles, wall_ns, cpu_ns, status, cause, where, ncnt = struct.unpack_from("<IQQQIIII", body)
+        pos = struct.calcsize("<IQQQIIII")
+        vals = struct.unpack_from(f"<{ncnt}Q", body, pos)
+        pos += 8 * ncnt
+        (olen,) = struct.unpack_from("<I", body, pos)
+        pos += 4
+        out = body[pos:pos + olen]
+        pos += olen
+        (mlen,) = struct.unpack_from("<I", body, pos)
+        pos += 4
+        msg = body[pos:pos + mlen].decode(errors="replace")
+        pos += mlen
+        per: list[dict[Counter, int]] = []
+        if pos < len(body):
+            (ninstr,) = struct.unpack_from("<I", body, pos)
+            pos += 4
+            flat = struct.unpack_from(f"<{ninstr * ncnt}Q", body, pos)
+            per = [dict(zip(_COUNTERS, flat[i * ncnt:(i + 1) * ncnt], strict=True)) for i in range(ninstr)]
+        counters = dict(zip(_COUNTERS, vals, strict=True))
+        if code != b"K":
+            if kind == 1:
+                try:
+                    name = ErrorCause(cause).name
+                except ValueError:
+                    name = f"cause {cause}"
+                raise HarnessError(f"device 'rtl': the core stopped the token with {name} at instruction {where} "
+                                   f"({msg}); its committed state is unchanged", kind, cause, where)
+            raise HarnessError(f"device 'rtl': {msg}", kind)
+        return TokenRun(output=out, counters=counters, cycles=cycles, wall_ns=wall_ns, cpu_ns=cpu_ns,
+                        per_instruction=per)
+
+    def close(self) -> None:
+        """Stop the process and delete its stream files; idempotent."""
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                self._request(b"Q")
+            except DeviceError:
+                pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for f in (getattr(proc, "stdin", None), getattr(proc, "stdout", None), getattr(self, "_stderr", None)):
+            if f is not None:
+                f.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._proc = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            if getattr(self, "_proc", None) is not None:
+                self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+class RtlDevice(Device):
+    """The Verilated core (``hw.top.Accelerator``) as a device: the golden device's bits, real cycle counts.
+
+    Parameters
+    ----------
+    lanes, channels, bus_bits, quant_lanes : int
+        Build parameters of the core (:class:`hw.top.Accelerator`); the defaults match the golden
+        device's so that their counters compare.
+    packing : str or TritPacking
+        ``"base3"`` (default) or ``"bits2"``: the packing of the build and of the image.
+    max_hidden, max_intermediate, max_layers : int, optional
+        Buffer capacities of the build; default: the loaded model's hidden and intermediate sizes and its
+        layer count rounded up to a power of two (``max_layers`` must be one: with another value the
+        core's second state bank starts past the end of its state memory, a limitation of ``hw/top.py``).
+        Each distinct set of values is a separate build.
+    output_gate : {"released", "paper"}
+        Passed to the compiler, as for the golden device.
+    waveform_token : int, optional
+        Dump a waveform of the token at this sequence position (0 = the first token after a reset; the
+        first time that position runs). Needs the tracing build (built on first use; every token then
+        runs somewhat slower). Off by default.
+    waveform_path : str or Path, optional
+        The waveform file (default ``build/rtl/waves/token<k>.fst``): FST (Verilator's FST writer needs
+        ``liblz4-dev``), or VCD when the name ends in ``.vcd``.
+    hang_cycles : int
+        Cycles without any stream transfer after which a token is reported as a timeout (DeviceError).
+    fmax_mhz : float
+        Clock for the cycle model's prediction (:attr:`prediction`).
+    progress : bool
+        Print a line on stderr before a first (slow) build.
+
+    Attributes
+    ----------
+    last : TokenRun or None
+        The last token's harness report.
+    build_info : dict or None
+        The harness build record (:func:`host.devices.rtl_harness.build_harness`).
+    executable : Path or None
+        The harness executable (a :class:`Harness` of its own can run other streams on the same core).
+    image : ParsedImage or None
+        The loaded model image.
+    profile : bool
+        When True, every token also reports its counters per instruction (:attr:`TokenRun.per_instruction`).
+    """
+
+    name = "rtl"
+
+    def __init__(self, *, lanes: int = 64, channels: int = 1, bus_bits: int = 64, quant_lanes: int = 8,
+                 packing: str | TritPacking = "base3", max_hidden: int | None = None,
+                 max_intermediate: int | None = None, max_layers: int | None = None, output_gate: str = "released",
+                 waveform_token: int | None = None, waveform_path: str | Path | None = None,
+                 hang_cycles: int = 100_000, fmax_mhz: float = 100.0, progress: bool = True) -> None:
+        super().__init__()
+        if isinstance(packing, str):
+            try:
+                packing = TritPacking[packing.upper()]
+            except KeyError:
+                raise ValueError(f"packing must be 'base3' or 'bits2', got {packing!r}") from None
+        from host.compiler import CompileOptions
+
+        for nm, v, lo in (("max_hidden", max_hidden, 1), ("max_intermediate", max_intermediate, 1),
+                          ("max_layers", max_layers, 1), ("waveform_token", waveform_token, 0)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < lo):
+                raise ValueError(f"{nm} must be an integer >= {lo} or None, got {v!r}")
+        if max_layers is not None and max_layers != _pow2(max_layers):
+            raise ValueError(f"max_layers must be a power of two (the core's state banks overlap otherwise), got "
+                             f"{max_layers}")
+        if not isinstance(hang_cycles, int) or hang_cycles < 1000:
+            raise ValueError(f"hang_cycles must be an integer >= 1000, got {hang_cycles!r}")
+        self.options = CompileOptions(packing=TritPacking(packing), channels=channels, output_gate=output_gate)
+        # validates lanes/channels/bus_bits/quant_lanes the way the cycle model does; the Accelerator
+        # checks the rest (lanes per channel 4-256, power-of-two quant_lanes) when it is built
+        self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
+                                 fmax_mhz=fmax_mhz)
+        self._caps = {"max_hidden": max_hidden, "max_intermediate": max_intermediate, "max_layers": max_layers}
+        self.waveform_token = waveform_token
+        self.waveform_path = Path(waveform_path) if waveform_path is not None else None
+        self.hang_cycles = hang_cycles
+        self.progress = progress
+        self.harness: Harness | None = None
+        self.image: ParsedImage | None = None
+        self.build_info: dict | None = None
+        self.executable: Path | None = None
+        self.params: dict | None = None
+        self.last: TokenRun | None = None
+        self.prediction: dict[Counter, int] | None = None
+        self.prediction_per_instruction: list[dict[Counter, int]] = []
+        self.profile = False
+        self._emb: np.ndarray | None = None
+        self._frac = 0
+        self._log: list[int] = []
+        self._lost = False           # a timeout reset the core: replay the log before the next token
+        self._dumped = False
+        self._counters.update({f"hw_{c.name.lower()}": 0 for c in Counter})
+        self._counters.update({"sim_cycles": 0, "sim_wall_ns": 0, "sim_cpu_ns": 0, "replayed_tokens": 0})
+
+    # ------------------------------------------------------------------ build
+    def accelerator_params(self, hidden: int, intermediate: int, n_layers: int) -> dict:
+        """``hw.top.Accelerator`` parameters for a model of this shape (the capacities default to it).
+
+        Raises
+        ------
+        ValueError
+            When a given capacity is smaller than the model needs.
+        """
+        # max_layers a power of two: hw/top.py places the second state bank at 2**ceil_log2(max_layers *
+        # hstride), past the end of the state memory unless max_layers is a power of two (layers beyond
+        # the memory then read as zero): a known RTL limitation, worked around here
+        need = {"max_hidden": hidden, "max_intermediate": intermediate, "max_layers": _pow2(n_layers)}
+        caps = {}
+        for k, v in need.items():
+            given = self._caps[k]
+            if given is not None and given < v:
+                raise ValueError(f"{k}={given} is smaller than the model needs ({v})")
+            caps[k] = given if given is not None else v
+        b = self.build
+        return {"lanes": b.lanes, "channels": b.channels, "bus_bits": b.bus_bits, "quant_lanes": b.quant_lanes,
+                "packing": self.options.packing.value, **caps}
+
+    def _load(self, weights: ModelWeights) -> None:
+        from host.compiler import compile_model
+        from host.devices.rtl_harness import build_harness
+
+        self._close()
+        cfg = weights.config
+        params = self.accelerator_params(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers)
+        image = parse_image(compile_model(weights, self.options))
+        trace = None
+        if self.waveform_token is not None:
+            trace = "vcd" if self.waveform_path is not None and self.waveform_path.suffix == ".vcd" else "fst"
+
+        def say(line: str) -> None:
+            if self.progress:
+                print(f"mmfree: {line}", file=sys.stderr, flush=True)
+
+        try:
+            exe, info = build_harness(params, trace=trace, progress=say)
+        except (TypeError, ValueError) as exc:   # the Accelerator's own parameter checks
+            raise DeviceError(f"device 'rtl': bad build parameters: {exc}") from exc
+        fst = None
+        if trace:
+            from hw.export import BUILD_ROOT
+
+            fst = self.waveform_path or BUILD_ROOT / "rtl" / "waves" / f"token{self.waveform_token}.{trace}"
+            fst.parent.mkdir(parents=True, exist_ok=True)
+            self.waveform_path = fst
+        self.harness = Harness(exe, channel_streams(image, self.build.channels), hang_cycles=self.hang_cycles,
+                               fst=fst)
+        self._check_id(params)
+        self.image, self.build_info, self.params, self.executable = image, info, params, exe
+        self.prediction_per_instruction, self.prediction = token_counters(image.instructions, image.info,
+                                                                          self.build)
+        self._emb = weights.embeddings
+        self._frac = image.info.residual_frac
+        self._log = []
+        self._lost = False
+        self._dumped = False
+
+    def _check_id(self, params: dict) -> None:
+        """Compare the core's ID block with the build parameters (corundum-style self-description)."""
+        r = isa.REGISTER_MAP
+        # what hw.top.Accelerator.id_values() reports for these parameters
+        want = isa.id_block_values(lanes=params["lanes"], channels=params["channels"], bus_bits=params["bus_bits"],
+                                   packings=[TritPacking(params["packing"])], quant_lanes=params["quant_lanes"],
+                                   max_hidden=params["max_hidden"], max_intermediate=params["max_intermediate"],
+                                   max_layers=params["max_layers"], max_vocab=isa.MAX_VOCAB)
+        got = {off: self.harness.read(off) for off in want}
+        bad = {f"0x{o:02x}": (got[o], v) for o, v in want.items() if got[o] != v}
+        if got[r.ID_MAGIC] != isa.ID_MAGIC:
+            raise DeviceError(f"device 'rtl': ID magic 0x{got[r.ID_MAGIC]:08x}, expected 0x{isa.ID_MAGIC:08x}")
+        if bad:
+            raise DeviceError(f"device 'rtl': the core's ID block differs from its build parameters "
+                              f"(offset: (read, expected)): {bad}")
+
+    # ------------------------------------------------------------------ tokens
+    def token_packet(self, token_id: int, position: int = 0, logits: bool = True) -> bytes:
+        """The host's embedding lookup for one token (the golden device's packet, byte for byte)."""
+        from host.devices.golden import make_token_packet
+
+        return make_token_packet(nx.to_fixed(self._emb[token_id], self._frac), position=position, logits=logits)
+
+    def _run(self, token_id: int, position: int) -> TokenRun:
+        dump = (self.waveform_token is not None and not self._dumped and position == self.waveform_token)
+        try:
+            run = self.harness.run_token(self.token_packet(token_id, position), dump=dump, profile=self.profile)
+        except HarnessError as exc:
+            if exc.kind == 2:
+                self._lost = True
+            raise
+        if dump:
+            self._dumped = True
+        for c, v in run.counters.items():
+            self._counters[f"hw_{c.name.lower()}"] += int(v)
+        self._counters["sim_cycles"] += run.cycles
+        self._counters["sim_wall_ns"] += run.wall_ns
+        self._counters["sim_cpu_ns"] += run.cpu_ns
+        self.last = run
+        return run
+
+    def _replay(self, ids: Sequence[int]) -> None:
+        """Hard reset, then run ``ids`` from position 0 (restores the state they lead to)."""
+        self.harness.reset()
+        self._log = []
+        self._lost = False
+        for pos, t in enumerate(ids):
+            self._run(int(t), pos)
+            self._log.append(int(t))
+            self._counters["replayed_tokens"] += 1
+
+    def _step(self, token_id: int) -> np.ndarray:
+        from host.devices.golden import parse_output_packet
+
+        if self._lost:
+            self._replay(list(self._log))
+        run = self._run(token_id, len(self._log))
+        self._log.append(int(token_id))
+        try:
+            return parse_output_packet(run.output).logits()
+        except ValueError as exc:
+            raise DeviceError(f"device 'rtl': bad output packet from the core: {exc}") from exc
+
+    def _reset(self) -> None:
+        self.harness.reset()
+        self._log = []
+        self._lost = False
+
+    def _save_state(self) -> Any:
+        return tuple(self._log)
+
+    def _restore_state(self, payload: Any) -> None:
+        ids = [int(t) for t in payload]
+        cur = self._log
+        if not self._lost and ids[:len(cur)] == cur:
+            for t in ids[len(cur):]:        # the saved sequence extends the current one: run the rest
+                self._run(t, len(self._log))
+                self._log.append(t)
+                self._counters["replayed_tokens"] += 1
+            return
+        self._replay(ids)
+
+    def _close(self) -> None:
+        if self.harness is not None:
+            self.harness.close()
+            self.harness = None
+
+    # ------------------------------------------------------------------ reports
+    def cycles_report(self) -> dict | None:
+        """Cycles per token from the hardware counters next to the cycle model and the stream roofline.
+
+        Returns
+        -------
+        dict or None
+            ``measured`` (mean ``hw_cycles`` per token since construction), ``predicted`` (the golden
+            device's cycle model for this build, :func:`host.perf.token_counters`), ``ideal`` (the
+            stream/lanes bound ``max(image bytes / (channels * beat bytes), trits / lanes)``) and
+            ``stream_efficiency`` (ideal / measured); None before any token.
+        """
+        n = self._counters["hw_tokens"]
+        if not n or self.image is None:
+            return None
+        measured = self._counters["hw_cycles"] / n
+        b = self.build
+        trits = sum(i.n * i.k for i in self.image.instructions if i.opcode is Opcode.GEMV)
+        ideal = max(self.image.info.image_bytes / (b.channels * b.beat_bytes), trits / b.lanes)
+        return {"measured": measured, "predicted": self.prediction[Counter.CYCLES], "ideal": ideal,
+                "stream_efficiency": ideal / measured if measured else float("nan")}
+
