@@ -302,7 +302,8 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
     build_root : Path, optional
         Default ``build/`` at the repository root.
     progress : callable, optional
-        Called with one line before a (slow) build starts; not called when the build is cached.
+        Called with one line before a (slow) build starts, one per build step and one at the end; not called
+        when the build is cached.
 
     Returns
     -------
@@ -333,9 +334,10 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
     with _locked(root / "rtl" / f".{key}.lock"):
         if stamp.is_file() and exe.is_file():   # another process built it while we waited
             return exe, json.loads(stamp.read_text())
-        if progress is not None:
-            progress(f"building the Verilated core ({', '.join(f'{k}={v}' for k, v in p.items())}"
-                     f"{f', {trace.upper()} tracing' if trace else ''}) into {d}: a few minutes, once")
+        say = progress if progress is not None else (lambda line: None)
+        say(f"building the Verilated core ({', '.join(f'{k}={v}' for k, v in p.items())}"
+            f"{f', {trace.upper()} tracing' if trace else ''}) into {d}: a few minutes, once")
+        say("[1/3] Verilog export of hw/ (Amaranth, Yosys)")
         t0 = time.perf_counter()
         try:
             vfile = export_verilog(p, out_dir=root / "verilog")
@@ -363,8 +365,11 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
                 *_make_args(), "harness"]
         log = d / "build.log"
         times = []
+        steps = (f"[2/3] Verilator: C++ model of {vfile.stat().st_size / 1e6:.1f} MB of Verilog",
+                 f"[3/3] C++ compile (make -j{jobs or os.cpu_count() or 1}; log {log})")
         with open(log, "w") as fh:
-            for cmd in (verilate, make):
+            for cmd, step in zip((verilate, make), steps, strict=True):
+                say(step)
                 fh.write(" ".join(cmd) + "\n")
                 fh.flush()
                 ta = time.perf_counter()
@@ -382,4 +387,5 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
                "seconds": {"export": round(t1 - t0, 1), "verilate": round(times[0], 1),
                            "compile": round(times[1], 1), "total": round(t2 - t0, 1)}}
         stamp.write_text(json.dumps(rec, indent=2) + "\n")
+        say(f"built in {t2 - t0:.0f} s (export {t1 - t0:.0f} s, Verilator {times[0]:.0f} s, compile {times[1]:.0f} s)")
         return exe, rec
