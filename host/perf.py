@@ -6,29 +6,40 @@ default schedule (every option of :class:`BuildParams` off, the **serial** sched
 instruction::
 
     GEMV        cycles = header + prologue + body + drain
-      header    = ceil((64 + const_section_bytes) / beat_bytes)                all on channel 0
-      prologue  = SCALAR_CYCLES + ceil(K / quant_lanes) + QUANT_LATENCY       0 with REUSE_CODES
-      body      = max(N, max over channels c of max(rows_c * ceil(K / lanes_per_channel),
-                                                    ceil(block_bytes_c / beat_bytes)))
-      drain     = GEMV_LATENCY + ceil(log2(lanes_per_channel)) + EPILOGUE_LATENCY + DONE_LATENCY
-    LOAD_TOKEN  cycles = header (+ the 64-byte image header) + max(token packet beats, H)
-                         + EPILOGUE_LATENCY + DONE_LATENCY
-    END_TOKEN   cycles = header + OUTPUT_CYCLES       output packet (one 64-byte section, 32-bit stream), commit
+      header    = 1 + 16 + 1 + [const_beats + 1] + 1        NEXT, header word by word, its check,
+                                                             constants at beat rate and their check, EXEC
+      prologue  = SCALAR_CYCLES + 1 + ceil(K / quant_lanes) + QUANT_LATENCY       0 with REUSE_CODES
+      body      = 1 + max(N, max over channels c of max(4 + rows_c * ceil(K / lanes_per_channel),
+                                                        ceil(block_data_bytes_c / beat_bytes) + 5))
+      drain     = GEMV_LATENCY + ceil(log2(lanes_per_channel)) + EPILOGUE_LATENCY + DONE_LATENCY + 1
+    LOAD_TOKEN  cycles = 1 + token_packet_words + 1 + (16 + 1) + (16 + 1) + [const_beats + 1] + 1
+                         + H + EPILOGUE_LATENCY + DONE_LATENCY
+    END_TOKEN   cycles = 1 + 16 + 1 + ((-(V + 8)) mod 16) + 8     header, then padding and the 8-word trailer
 
-(``const_section_bytes``, :func:`host.image.const_section_bytes`: the QC vector (K words) and n_consts
-vectors of N words, each padded to a whole 64-byte section; weight blocks and packets are padded to
-64-byte sections too, :data:`hw.isa.SECTION_BYTES`.)
+(``const_beats``: ``ceil(const_section_bytes / beat_bytes)``, the bracketed terms only when the instruction
+has constants; ``const_section_bytes``, :func:`host.image.const_section_bytes`: the QC vector (K words) and
+n_consts vectors of N words, each padded to a whole 64-byte section; weight blocks and packets are padded to
+64-byte sections too, :data:`hw.isa.SECTION_BYTES`.) This is hw/top.py's sequencer:
 
-* the instruction header and its constants arrive on channel 0 at one beat per cycle, after the previous
-  instruction has finished;
+* the token packet and every 64-byte header (image and instruction) are read one 32-bit word per cycle
+  (16 cycles a header, whatever the bus width), each then checked in one cycle; constants arrive on
+  channel 0 at one beat per cycle, after the previous instruction has finished; one cycle dispatches an
+  instruction (EXEC) and one moves to the next (NEXT);
 * a GEMV that forms new codes pays the scalar unit (:data:`SCALAR_CYCLES`: ``127/A`` and the integer
-  square root in parallel, then one division) and the quantize prologue: together the absmax barrier;
+  square root in parallel, then one division), one command cycle and the quantize prologue: together the
+  absmax barrier;
 * each channel's lane group (``lanes / channels`` lanes) computes its rows, one row at a time, in
   ``ceil(K / lanes_per_channel)`` cycles per row, while its weight stream delivers one beat per cycle;
-  the slower of the two binds; the epilogue accepts one element per cycle (so ``N`` is a floor on the
-  body); the adder tree and the epilogue pipeline add a fixed drain latency;
-* LOAD_TOKEN streams the token packet through its epilogue (one element per cycle); END_TOKEN sends the
-  output packet.
+  the slower of the two binds (the gearbox adds :data:`GEARBOX_CMD_LATENCY` before the first chunk, or
+  :data:`GEARBOX_STREAM_LATENCY` after the block's last data beat, its section padding excluded); the
+  epilogue accepts one element per cycle (so ``N`` is a floor on the body); the adder tree and the
+  epilogue pipeline add a fixed drain latency; a cycle starts the rows and one follows the epilogue's end;
+* LOAD_TOKEN streams the token (read into its buffer with the packet) through its epilogue (one element
+  per cycle); END_TOKEN sends the output packet's padding and trailer (the logits left during the LM
+  head) and commits the state.
+
+Counters (:class:`hw.isa.Counter`) are attributed to the instruction that is running: an instruction's
+counters run from the end of the previous one (its ``NEXT``) to its own end (END_TOKEN: its commit).
 
 The options of :class:`BuildParams` (``overlap_headers``, ``stripe_consts``, ``overlap_prologue``,
 ``stream_prologue``) model proposed schedule changes (docs/PERFORMANCE_MODEL.md says what each needs in
@@ -60,7 +71,9 @@ __all__ = [
     "program_shapes", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
 ]
 
-SCALAR_CYCLES = 64     #: isqrt of the 64-bit sum of squares (32, in parallel with 127/A) + a 25-bit division (26) + 6
+#: the scalar unit per prologue: its command handshake (1) + its latency (hw/scalar.py SCALAR_LATENCY: isqrt of
+#: the 64-bit sum of squares in parallel with 127/A, then a 25-bit division)
+SCALAR_CYCLES = 60
 RECIP_CYCLES = 32      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 6
 QUANT_LATENCY = 4      #: quantize prologue pipeline (hw/quant.py)
 #: Epilogue pipeline, element in to element out: entry (4) + 6 stages per micro-op slot (hw/epilogue.py)
@@ -74,6 +87,21 @@ INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)    #: 64
 #: END_TOKEN after the header: the output packet without logits (one 64-byte section: header, padding, CRC)
 #: on a 32-bit output stream, then the state commit
 OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + 1
+#: The sequencer of hw/top.py (serial schedule): it reads the token packet and every 64-byte header one
+#: 32-bit word per cycle (a 16-word header takes 16 cycles whatever the bus width), then spends a cycle
+#: checking it (magic, CRC, shape); constants go at one beat per cycle plus a cycle for their CRC check;
+#: one cycle dispatches the instruction (EXEC) and one moves to the next (NEXT, which loads the next
+#: header's first beat). A GEMV spends one cycle handing the quantizer its command, one starting the
+#: rows (GEMV_START) and one after its epilogue finishes (GEMV_DRAIN).
+HEADER_WORD_CYCLES = isa.layout_bytes(isa.InstrHeader) // 4
+SEQ_CHECK_CYCLES = 1
+SEQ_DISPATCH_CYCLES = 2                       #: EXEC + NEXT
+GEMV_SEQ_CYCLES = 2                           #: GEMV_START + GEMV_DRAIN
+QUANT_CMD_CYCLES = 1
+#: hw/gearbox.py: a command's first chunk 4 cycles after it (compute-bound GEMVs); the last chunk 4-5 cycles
+#: after the block's last data beat (stream-bound: 5 measured on most shapes, 4 on some alignments)
+GEARBOX_CMD_LATENCY = 4
+GEARBOX_STREAM_LATENCY = 5
 
 #: The schedule options of :class:`BuildParams` (all False: the serial schedule, the default).
 SCHEDULE_OPTIONS = ("overlap_headers", "stripe_consts", "overlap_prologue", "stream_prologue")
@@ -441,6 +469,22 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         hbytes[0] += IMAGE_HEADER_BYTES   # the image header precedes the program's first instruction
     head = [_beats(b, beat) for b in hbytes]
     c[Counter.STREAM_BEATS] += sum(head)
+    seq = 0                    # sequencer cycles outside the header (serial schedule: hw/top.py)
+    if not build.overlap_headers:
+        # hw/top.py reads headers word by word: NEXT, 16 words, the check; constants at beat rate and their
+        # check; EXEC. LOAD_TOKEN's are the token packet (word by word, then its CRC check) and the image
+        # header, after the first beat's load.
+        const_beats = _beats(hbytes[0] - INSTR_HEADER_BYTES
+                             - (IMAGE_HEADER_BYTES if ins.opcode is Opcode.LOAD_TOKEN else 0), beat)
+        h0 = HEADER_WORD_CYCLES + SEQ_CHECK_CYCLES + (const_beats + SEQ_CHECK_CYCLES if const_beats else 0)
+        if ins.opcode is Opcode.LOAD_TOKEN:
+            tok_words = token_packet_bytes(ins.n) // 4
+            h0 += 1 + tok_words + SEQ_CHECK_CYCLES + HEADER_WORD_CYCLES + SEQ_CHECK_CYCLES
+        else:
+            h0 += 1            # NEXT (the previous instruction's end)
+        if ins.opcode is not Opcode.END_TOKEN:
+            h0 += 1            # EXEC
+        head = [h0] + head[1:]
     if build.overlap_headers:
         # double-buffered header unit: this header replaces the one of the instruction before the previous
         head_done_ch = [max(tl.ch_free[ch], tl.done_before) + h for ch, h in enumerate(head)]
@@ -457,6 +501,8 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         quant_free = tl.quant_free
         ext = 0
         bank = tl.bank
+        if not build.overlap_headers:
+            seq = GEMV_SEQ_CYCLES
         if InstrFlags.REUSE_CODES in ins.flags:
             codes_at = head_done
         else:
@@ -471,9 +517,9 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 ext = max(0, math.ceil(ins.k / build.quant_lanes) - per_row)
                 quant_free = pro_start + RECIP_CYCLES + qc
             else:
-                codes_at = pro_start + SCALAR_CYCLES + qc
+                codes_at = pro_start + SCALAR_CYCLES + qc + (0 if build.overlap_headers else QUANT_CMD_CYCLES)
                 quant_free = codes_at
-        start = max(codes_at, tl.lanes_free if build.overlap_prologue else tl.done)
+        start = max(codes_at, tl.lanes_free if build.overlap_prologue else tl.done) + (seq // 2)
         end = start + ins.n   # the epilogue takes one element per cycle
         stall = 0
         for ch, nb in enumerate(channel_block_bytes(ins.n, ins.k, info.channels, info.packing)):
@@ -484,9 +530,15 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 # the stream may run ahead of the lanes by the FIFO, never further
                 behind = math.ceil(compute * max(0, beats - build.fifo_beats) / beats) if beats else 0
                 s_end = max(max(head_done_ch[ch], start - build.fifo_beats) + beats, start + behind)
+                lanes_end = max(start + compute, s_end)
             else:
+                # hw/gearbox.py: the first chunk comes GEARBOX_CMD_LATENCY cycles after the command (sent as
+                # the rows start); with the stream binding, the last chunk GEARBOX_STREAM_LATENCY cycles after
+                # the block's last data beat (the section padding after it goes while the pipeline drains)
                 s_end = start + beats
-            lanes_end = max(start + compute, s_end)
+                data_beats = _beats(isa.packed_trit_bytes(channel_rows(ins.n, info.channels, ch) * ins.k,
+                                                          info.packing), beat)
+                lanes_end = max(start + GEARBOX_CMD_LATENCY + compute, start + data_beats + GEARBOX_STREAM_LATENCY)
             stall = max(stall, lanes_end - start - compute)
             new_ch[ch] = s_end
             end = max(end, lanes_end)
@@ -494,15 +546,19 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         c[Counter.STREAM_STALLS] = stall
         c[Counter.TRITS] = ins.n * ins.k
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
-        done = end + drain_cycles(build)
+        done = end + drain_cycles(build) + (seq - seq // 2)
         tl.quant_free = quant_free
         tl.lanes_free = end
         tl.bank = bank
         tl.bank_free[bank] = end
     elif ins.opcode is Opcode.LOAD_TOKEN:
         tok = _beats(token_packet_bytes(ins.n), beat)
+        c[Counter.STREAM_BEATS] += tok   # the token packet comes on channel 0 too
         start = max(head_done, tl.done)
-        end = start + max(tok, ins.n)   # the token streams through the epilogue, one element per cycle
+        if build.overlap_headers:
+            end = start + max(tok, ins.n)   # the token streams through the epilogue, one element per cycle
+        else:
+            end = start + ins.n             # read in with the packet (the header time): one element per cycle
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
         done = end + EPILOGUE_LATENCY + DONE_LATENCY
         new_ch[0] = max(new_ch[0], start + tok)
@@ -510,7 +566,13 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
     elif ins.opcode is Opcode.END_TOKEN:
         c[Counter.TOKENS] = 1
         start = end = max(head_done, tl.done)
-        done = end + OUTPUT_CYCLES
+        if build.overlap_headers:
+            done = end + OUTPUT_CYCLES
+        else:
+            # the logits left during the LM head: the padding to a whole section and the 8-word trailer
+            # (word by word), then the commit (not a busy cycle)
+            trailer = isa.layout_bytes(isa.OutputTrailer) // 4
+            done = end + (-(info.vocab + trailer)) % (isa.SECTION_BYTES // 4) + trailer
         tl.lanes_free = done
     else:
         raise ValueError(f"no cycle model for opcode {ins.opcode!r}")

@@ -65,7 +65,8 @@ from amaranth.hdl import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "ID_MAGIC", "ISA_VERSION", "SECTION_BYTES", "section_pad",
+    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "ID_MAGIC", "ISA_VERSION", "SECTION_BYTES",
+    "section_pad",
     "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
     "ACC_BITS", "acc_bits_for",
     "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Counter",
@@ -210,16 +211,16 @@ class Counter(enum.Enum, shape=unsigned(8)):
     """
 
     CYCLES = 0            #: core clock cycles from the token packet's first beat to the output CRC
-    STREAM_BEATS = 1      #: weight-stream beats accepted, all channels
-    STREAM_STALLS = 2     #: cycles the GEMV engine waited for weight beats
+    STREAM_BEATS = 1      #: input-stream beats accepted, all channels (token packet, headers, constants, weights)
+    STREAM_STALLS = 2     #: cycles the GEMV engine waited for weight beats (before its block's last chunk)
     OUT_STALLS = 3        #: cycles the output stream was back-pressured
-    GEMV_CYCLES = 4       #: cycles the ternary array was busy
-    QUANT_CYCLES = 5      #: cycles of quantize prologues (the absmax barrier)
-    SCALAR_CYCLES = 6     #: cycles of the scalar unit (isqrt, divisions)
+    GEMV_CYCLES = 4       #: cycles the ternary array was busy: a GEMV's start to its block's last chunk
+    QUANT_CYCLES = 5      #: cycles of quantize prologues (the absmax barrier), command handshake excluded
+    SCALAR_CYCLES = 6     #: cycles of the scalar unit (isqrt, divisions), its command handshake included
     TRITS = 7             #: ternary weights consumed
     NONZERO_TRITS = 8     #: of which non-zero (add or subtract; zero trits skip)
     EPILOGUE_ELEMENTS = 9  #: elements through the epilogue
-    INSTRUCTIONS = 10     #: instructions executed
+    INSTRUCTIONS = 10     #: instructions completed (END_TOKEN with its commit)
     TOKENS = 11           #: tokens completed
 
 

@@ -404,6 +404,9 @@ class Accelerator(wiring.Component):
 
         # ---------------- the sequencer
         stalls = Signal()
+        lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
+        instr_done = Signal()         # an instruction completes this cycle (its last: the next one's NEXT follows)
+        m.d.sync += ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + instr_done)
         m.d.sync += ctr[Counter.STREAM_STALLS].eq(ctr[Counter.STREAM_STALLS] + stalls)
         m.d.comb += [regs.busy.eq(busy), regs.done.eq(done), regs.error.eq(err), regs.error_cause.eq(err_cause),
                      regs.error_where.eq(err_where), regs.position.eq(position),
@@ -634,7 +637,6 @@ class Accelerator(wiring.Component):
                     m.next = "QUANT"
             with state("QUANT"):
                 m.d.comb += [busy.eq(1), quant.cmd.valid.eq(1)]
-                m.d.sync += ctr[Counter.QUANT_CYCLES].eq(ctr[Counter.QUANT_CYCLES] + 1)
                 with m.If(quant.cmd.ready):
                     m.next = "QUANT_WAIT"
             with state("QUANT_WAIT"):
@@ -644,6 +646,7 @@ class Accelerator(wiring.Component):
                     m.next = "GEMV_START"
             with state("GEMV_START"):
                 m.d.comb += [busy.eq(1), epi.start.eq(1)]
+                m.d.sync += [lanes_done[c].eq(0) for c in range(C)]
                 with m.If(ih.flags.as_value()[2]):  # LOGITS: this is the LM head
                     m.d.sync += [out_scale_m.eq(scale_m), out_scale_s.eq(scale_s + ih.out_frac), n_logits.eq(0)]
                 blk = (((ih.n + C - 1) // C) * ih.k)
@@ -653,8 +656,14 @@ class Accelerator(wiring.Component):
             with state("GEMV"):
                 m.d.comb += [busy.eq(1), feed_rows.eq(1), beat_to_gear0.eq(cnt < ch0_block_beats)]
                 m.d.comb += logits_on.eq(ih.flags.as_value()[2])
-                m.d.sync += ctr[Counter.GEMV_CYCLES].eq(ctr[Counter.GEMV_CYCLES] + 1)
-                m.d.comb += stalls.eq(Cat(*[~g.o.valid & g.o.ready for g in gear]).any())
+                # the lanes are busy (or wait for weights) until every channel's block ended; the adder tree and
+                # epilogue drain after that is neither (docs/ISA.md: GEMV_CYCLES, STREAM_STALLS)
+                lanes_busy = ~Cat(*lanes_done).all()
+                m.d.sync += ctr[Counter.GEMV_CYCLES].eq(ctr[Counter.GEMV_CYCLES] + lanes_busy)
+                m.d.comb += stalls.eq(Cat(*[~g.o.valid & g.o.ready & ~lanes_done[c] for c, g in enumerate(gear)]).any())
+                for c, g in enumerate(gear):
+                    with m.If(g.o.valid & g.o.ready & g.o.payload.end):
+                        m.d.sync += lanes_done[c].eq(1)
                 # one command per channel, once
                 for g in gear:
                     m.d.comb += g.cmd.valid.eq(~gear_cmd_sent)
@@ -677,15 +686,16 @@ class Accelerator(wiring.Component):
                     m.d.sync += cnt.eq(cnt + 1)
                 with m.If(cnt >= ch0_block_beats):
                     m.d.sync += cnt.eq(0)
+                    m.d.comb += instr_done.eq(1)
                     m.next = "NEXT"
             with state("RUN_TOKEN"):
                 m.d.comb += [busy.eq(1), feed_token.eq(1)]
                 with m.If(epi.done):
+                    m.d.comb += instr_done.eq(1)
                     m.next = "NEXT"
             with state("NEXT"):
                 m.d.comb += [mode_word.eq(1), busy.eq(1)]
-                m.d.sync += [instr_idx.eq(instr_idx + 1), cnt.eq(0),
-                             ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + 1)]
+                m.d.sync += [instr_idx.eq(instr_idx + 1), cnt.eq(0)]
                 m.next = "INSTR_HDR"
             with state("END"):
                 # padding words, then the trailer; the logits (if any) went out during the LM head
@@ -722,6 +732,7 @@ class Accelerator(wiring.Component):
                         m.d.sync += [cnt.eq(0), bank_flip.eq(1)]
                         m.next = "COMMIT"
             with state("COMMIT", guarded=False):
+                m.d.comb += instr_done.eq(1)      # END_TOKEN completes with the commit
                 m.d.sync += [state_bank.eq(~state_bank), state_valid.eq(1), bank_flip.eq(0), done.eq(1),
                              position.eq(position), ctr[Counter.TOKENS].eq(ctr[Counter.TOKENS] + 1),
                              cnt.eq(0)]

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from host.compiler import CompileOptions, calibrate, compile_model, compile_program
-from host.image import channel_block_bytes, channel_rows, parse_image
+from host.image import channel_rows, parse_image
 from host.model import HGRNBitConfig, random_weights
 from host.perf import (
     BOARDS,
@@ -121,20 +121,25 @@ def test_golden_machine_counters_are_the_models(small):
 
 
 def _serial_formula(ins, prog, b: BuildParams) -> int:
-    """The default schedule written out (docs/PERFORMANCE_MODEL.md section 2)."""
+    """The default schedule written out (host/perf.py's docstring: hw/top.py's sequencer)."""
     q = math.ceil(ins.k / 16) if InstrFlags.QCONST in ins.flags else 0
-    head = 64 + 64 * (q + ins.n_consts * math.ceil(ins.n / 16))   # each constant vector padded to 64 bytes
+    const_beats = math.ceil(64 * (q + ins.n_consts * math.ceil(ins.n / 16)) / b.beat_bytes)  # 64-byte vectors
+    head = 1 + 16 + 1 + (const_beats + 1 if const_beats else 0) + 1
     if ins.opcode is Opcode.LOAD_TOKEN:
-        tok = math.ceil(64 * math.ceil((16 + 4 * ins.n + 4) / 64) / b.beat_bytes)
-        return math.ceil((head + 64) / b.beat_bytes) + max(tok, ins.n) + EPILOGUE_LATENCY + DONE_LATENCY
+        tok_words = 16 * math.ceil((16 + 4 * ins.n + 4) / 64)
+        return tok_words + 1 + 17 + head + ins.n + EPILOGUE_LATENCY + DONE_LATENCY
     if ins.opcode is Opcode.END_TOKEN:
-        return math.ceil(head / b.beat_bytes) + 17
-    pro = 0 if InstrFlags.REUSE_CODES in ins.flags else SCALAR_CYCLES + math.ceil(ins.k / b.quant_lanes) + QUANT_LATENCY
+        return 1 + 16 + 1 + (-(prog.vocab + 8)) % 16 + 8
+    pro = 0 if InstrFlags.REUSE_CODES in ins.flags else \
+        SCALAR_CYCLES + 1 + math.ceil(ins.k / b.quant_lanes) + QUANT_LATENCY
     per_row = math.ceil(ins.k / b.lanes_per_channel)
-    body = max(ins.n, *(max(channel_rows(ins.n, b.channels, c) * per_row, math.ceil(nb / b.beat_bytes))
-                        for c, nb in enumerate(channel_block_bytes(ins.n, ins.k, b.channels, prog.packing))))
+    per_byte = 4 if prog.packing is TritPacking.BITS2 else 5
+    body = max(ins.n, *(max(4 + channel_rows(ins.n, b.channels, c) * per_row,     # hw/gearbox.py latencies
+                            math.ceil(math.ceil(channel_rows(ins.n, b.channels, c) * ins.k / per_byte)
+                                      / b.beat_bytes) + 5)
+                        for c in range(b.channels)))
     drain = GEMV_LATENCY + math.ceil(math.log2(b.lanes_per_channel)) + EPILOGUE_LATENCY + DONE_LATENCY
-    return math.ceil(head / b.beat_bytes) + pro + body + drain
+    return head + pro + 1 + body + drain + 1
 
 
 @pytest.mark.parametrize("lanes,channels,bus", [(64, 1, 64), (256, 4, 128), (512, 4, 128), (96, 3, 96)])
