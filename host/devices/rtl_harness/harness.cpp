@@ -348,13 +348,17 @@ struct Harness {
         tick();   // the first beats go out at this edge
         bool first_taken = false;
         uint64_t first_cycle = 0;
-        while (!out_last) {
-            tick();
-            if (progress) last_progress = cycle;
+        // the profile: a snapshot whenever INSTRUCTIONS moves (an instruction completed)
+        auto boundary = [&] {
             if (prof && CTR(instructions) != instr_seen) {
                 instr_seen = CTR(instructions);
                 profile.push_back(snapshot());
             }
+        };
+        while (!out_last) {
+            tick();
+            if (progress) last_progress = cycle;
+            boundary();
             if (!first_taken && feed[0].taken() > 0) {
                 first_taken = true;
                 first_cycle = cycle;
@@ -398,11 +402,21 @@ struct Harness {
         idle_streams();
         if (res.kind == 0) {
             // the commit (done) follows the trailer's last word within a few cycles
-            for (int i = 0; i < 16 && !top->irq; ++i) tick();
+            for (int i = 0; i < 16 && !top->irq; ++i) {
+                tick();
+                boundary();
+            }
             tick();
+            boundary();
             tick();
+            boundary();
             res.cycles = cycle - start;
-            if (prof) profile.push_back(snapshot());   // closes END_TOKEN (not counted in INSTRUCTIONS)
+            // a core that does not count END_TOKEN in INSTRUCTIONS: what counted since the last boundary is
+            // END_TOKEN's (a core that does has counted nothing since its commit)
+            if (prof) {
+                Snapshot s = snapshot();
+                if (std::memcmp(s.v, profile.back().v, sizeof s.v) != 0) profile.push_back(s);
+            }
             res.status = axil_read(kStatus);
             read_counters(res);
         } else {
