@@ -194,6 +194,24 @@ def test_failed_build_reports_its_log(monkeypatch, tmp_path):
         rh.build_harness(BUILD, build_root=tmp_path / "build")
 
 
+def test_fst_without_lz4_headers_is_a_clear_error(monkeypatch, tmp_path):
+    """An FST build needs <lz4.h>: without it the build stops before Verilator, naming the package."""
+    import subprocess
+
+    rh, _, steps = _fake_build(monkeypatch, tmp_path)
+    real = rh.subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[:2] == ["g++", "-E"]:     # the preprocessor probe of <lz4.h>
+            return subprocess.CompletedProcess(cmd, 1, "", "fatal error: lz4.h: No such file or directory")
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(rh.subprocess, "run", run)
+    with pytest.raises(DeviceError, match=r"liblz4-dev.*\.vcd"):
+        rh.build_harness(BUILD, trace="fst", build_root=tmp_path / "build")
+    assert steps == []
+
+
 def test_sim_top_shape():
     from host.devices.rtl_harness import sim_top
 
