@@ -65,7 +65,7 @@ from amaranth.hdl import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "ID_MAGIC", "ISA_VERSION", "SECTION_BYTES",
+    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "OUTPUT_ABORT_WORD", "ID_MAGIC", "ISA_VERSION", "SECTION_BYTES",
     "section_pad",
     "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
     "ACC_BITS", "acc_bits_for",
@@ -80,6 +80,9 @@ __all__ = [
 IMAGE_MAGIC = int.from_bytes(b"MMFI", "little")   #: model image header
 TOKEN_MAGIC = int.from_bytes(b"MMFT", "little")   #: token packet header
 OUTPUT_MAGIC = int.from_bytes(b"MMFO", "little")  #: output packet header
+#: The word (with ``tlast``) that closes an output packet cut short by an error while the LM head's logits
+#: were streaming: the packet is then not a whole number of sections and fails to parse; STATUS says why.
+OUTPUT_ABORT_WORD = int.from_bytes(b"MMFE", "little")
 ID_MAGIC = int.from_bytes(b"MMFA", "little")      #: register map ID block
 ISA_VERSION = 1
 SECTION_BYTES = 64  #: every section of every stream is padded to a multiple of this

@@ -404,6 +404,8 @@ class Accelerator(wiring.Component):
 
         # ---------------- the sequencer
         stalls = Signal()
+        first_out = Signal(init=1)    # the next output word starts a packet (the last one ended with tlast)
+        clear_pending = Signal()      # CTRL.clear while an aborted output packet was still being closed
         lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
         instr_done = Signal()         # an instruction completes this cycle (its last: the next one's NEXT follows)
         m.d.sync += ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + instr_done)
@@ -740,13 +742,18 @@ class Accelerator(wiring.Component):
             with state("ERROR", guarded=False):
                 m.d.comb += [draining.eq(1), soft_rst.eq(1)]
                 m.d.sync += [cnt.eq(0), tok_pending.eq(0)]
+                # an output packet left open (an error while the LM head streamed its logits) is closed by
+                # one word with tlast, so that the next token's packet is not appended to it
+                with m.If(~first_out):
+                    m.d.comb += [out_valid.eq(1), out_word.eq(isa.OUTPUT_ABORT_WORD), out_last.eq(1)]
                 with m.If(regs.clear):
-                    m.d.sync += [err.eq(0), err_cause.eq(0)]
+                    m.d.sync += clear_pending.eq(1)
+                with m.If((regs.clear | clear_pending) & first_out):
+                    m.d.sync += [err.eq(0), err_cause.eq(0), clear_pending.eq(0)]
                     m.next = "TOKEN"
         self._debug = {"fsm": fsm, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause, "beat_full": beat_full,
                        "widx": widx, "word": word}
         # the output CRC restarts with each packet: after the previous trailer
-        first_out = Signal(init=1)
         with m.If(out_take):
             m.d.sync += first_out.eq(out_last)
         m.d.comb += crc_o.start.eq(first_out & out_take)

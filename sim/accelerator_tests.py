@@ -14,11 +14,13 @@ the AXI4-Lite request channels, random backpressure on the output and the AXI4-L
 * ``{"op": "bad", "case", "image", "packet", "cause", "where", "abort_at"}``: a bad stream (or a good one
   aborted by ``CTRL.abort``: at a fraction of the previous good token's duration, or ``"first-output"``
   when the LM head's first logit leaves): ``STATUS.error``, ``ERROR_CAUSE`` (and ``ERROR_WHERE`` when the
-  golden device names the instruction), no stray output, then ``CTRL.clear``.
+  golden device names the instruction), no stray output (``partial``: the golden output packet whose
+  start an error cut short, which must arrive closed by ``OUTPUT_ABORT_WORD``), then ``CTRL.clear``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -98,15 +100,27 @@ class OutputChecker:
         self.changed = Event()
         self.task = cocotb.start_soon(self._run())
 
-    def expect(self, packet: bytes, label: str) -> None:
-        self.expected.append((packet, label))
+    def expect(self, packet: bytes, label: str, *, aborted: bool = False) -> None:
+        """The next packet must equal ``packet``; with ``aborted``, it must be a prefix of ``packet`` (the
+        logits sent before an error) closed by :data:`hw.isa.OUTPUT_ABORT_WORD`."""
+        self.expected.append((packet, label, aborted))
 
     async def _run(self) -> None:
         while True:
             frame = await self.sink.recv()
             got = bytes(frame.tdata)
             assert self.expected, f"unexpected output packet of {len(got)} bytes"
-            exp, label = self.expected.popleft()
+            exp, label, aborted = self.expected.popleft()
+            if aborted:
+                closing = isa.OUTPUT_ABORT_WORD.to_bytes(4, "little")
+                assert got[-4:] == closing, f"{label}: the cut-short packet does not end with OUTPUT_ABORT_WORD"
+                body = got[:-4]
+                assert len(body) < len(exp) and body == exp[:len(body)], \
+                    f"{label}: the {len(body)} bytes before the closing word are not the golden packet's start"
+                self.received += 1
+                self.log.info("%s: cut-short output packet closed (%d logit bytes bit-exact)", label, len(body))
+                self.changed.set()
+                continue
             assert got == exp, f"{label}: output packet differs from golden: {describe_mismatch(got, exp)}"
             self.received += 1
             self.log.info("%s: output packet bit-exact (%d bytes)", label, len(got))
@@ -261,6 +275,8 @@ class TB:
         t0 = self.cycles()
         self.send(self.file(step["packet"]), image)
         abort_at = step.get("abort_at")
+        if step.get("partial"):     # an error while logits stream: the packet must be closed, not left open
+            self.checker.expect(self.file(step["partial"]), f"{case}: cut-short output", aborted=True)
         if abort_at == "first-output":
             async def first_output():
                 while not (self.dut.m_axis_out__tvalid.value and self.dut.m_axis_out__tready.value):
@@ -308,10 +324,13 @@ class TB:
             problems.append(f"STATUS 0x{status:x}: busy in error")
         if self.dut.irq.value != 1:
             problems.append("irq low in error")
+        if self.checker.expected and step.get("partial"):
+            with contextlib.suppress(cocotb.triggers.SimTimeoutError):
+                await self.checker.wait_empty(2_000 * CLOCK_NS)
         if self.sink.active:
             problems.append("a partial output packet (no tlast) was left on m_axis_out")
         if self.checker.expected:
-            problems.append("an expected output packet is pending")
+            problems.append("an expected output packet is pending (an open packet was not closed)")
         await self.write(R.CTRL, CTRL_CLEAR)
         await ClockCycles(self.dut.clk, 2)
         status = await self.read(R.STATUS)

@@ -22,8 +22,8 @@ def _beats(raw: bytes, bus_bits: int) -> list[int]:
     return [int.from_bytes(raw[i:i + bb], "little") for i in range(0, len(raw), bb)]
 
 
-def run_tokens(packing, lanes, bus_bits, ids, *, timeout_cycles=400_000):
-    w = random_weights(TINY, seed=3, gamma_spread=1.0)
+def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout_cycles=400_000):
+    w = random_weights(cfg, seed=3, gamma_spread=1.0)
     fm = calibrate(w)
     image = compile_model(w, CompileOptions(formats=fm, packing=packing))
     gold = GoldenMachine(image)
@@ -36,7 +36,7 @@ def run_tokens(packing, lanes, bus_bits, ids, *, timeout_cycles=400_000):
         packets.append(pk)
         expected.append(res.output)
     dut = Accelerator(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=4, packing=packing,
-                      max_hidden=32, max_intermediate=32, max_layers=2)
+                      max_hidden=32, max_intermediate=32, max_layers=max_layers)
     got: list[bytes] = []
 
     async def feed(ctx):
@@ -83,3 +83,12 @@ def test_two_tokens_bit_exact(packing):
                                                                        b.scale_shift)
         assert np.array_equal(a.logits_acc, b.logits_acc)
         assert g == e
+
+
+def test_state_banks_with_max_layers_not_a_power_of_two():
+    """max_layers = 3 and a 3-layer model: the second token reads the state the first committed in the other
+    bank. The banks must be a power of two of layers apart (a stride of 3 layers put bank 1's last layer
+    past the end of the state memory, so the second token read garbage)."""
+    cfg = HGRNBitConfig(vocab_size=29, hidden_size=12, num_hidden_layers=3, intermediate_size=20)
+    got, expected = run_tokens(TritPacking.BASE3, lanes=16, bus_bits=64, ids=[3, 7, 11], cfg=cfg, max_layers=3)
+    assert got == expected
