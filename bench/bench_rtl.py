@@ -10,9 +10,11 @@ Speed
     core; per token it reports the clock cycles it simulated, the wall time and the CPU time of the
     simulation (pipe I/O excluded). Reported: simulated cycles per wall-clock second and per CPU second
     (the machine is shared: the load average is recorded, and the CPU-time rate is the one other processes do
-    not dilute), and the first build's times (Verilog export, Verilation, C++ compile). With
-    ``--amaranth-cycles N`` the same 64-lane design also runs ``N`` cycles of its token in the Amaranth
-    simulator, stimulus in Python (``tests/hw/test_top.py``'s testbench), for the speed-up.
+    not dilute), and the first build's times (Verilog export, Verilation, C++ compile). With ``--cocotb``
+    the cocotb testbench of ``sim/`` (Verilator through cocotb's runner, stimulus and checks in Python)
+    runs the first token on the same 64-lane design; the harness runs that token too (same position,
+    after a reset) in the same benchmark run: the speed-up. With ``--amaranth-cycles N`` the same design
+    also runs ``N`` cycles of its token in the Amaranth simulator (stimulus in Python).
 Cycles and efficiency
     Cycles per token from the hardware counters (``CYCLES``), against the cycle model's prediction
     (:func:`host.perf.token_counters`), and the stream efficiency of both
@@ -28,7 +30,7 @@ Bit-exactness
 
 Usage::
 
-    python bench/bench_rtl.py                          # both builds, 8 tokens each
+    python bench/bench_rtl.py --cocotb                 # both builds, 8 tokens each, and the cocotb path
     python bench/bench_rtl.py --lanes 64 --tokens 4    # one build
 
 Results go to ``bench/results/rtl.json`` (``--out``). The first run builds each core (minutes).
@@ -37,6 +39,7 @@ Results go to ``bench/results/rtl.json`` (``--out``). The first run builds each 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -145,6 +148,13 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
             runs.append({"position": pos, "token": int(t), "hw_cycles": int(r.counters[Counter.CYCLES]),
                          "sim_cycles": r.cycles, "wall_s": r.wall_ns * 1e-9, "cpu_s": r.cpu_ns * 1e-9})
         load_after = os.getloadavg()
+        # the cocotb comparison's token (ids[0] at position 0 after a reset), unprofiled
+        rtl.reset()
+        rtl.step(ids[0])
+        r = rtl.last
+        same_token = {"token": int(ids[0]), "position": 0, "sim_cycles": r.cycles, "wall_s": r.wall_ns * 1e-9,
+                      "cpu_s": r.cpu_ns * 1e-9, "cycles_per_wall_s": r.cycles / (r.wall_ns * 1e-9),
+                      "cycles_per_cpu_s": r.cycles / (r.cpu_ns * 1e-9), "loadavg": os.getloadavg()}
         sim = sum(x["sim_cycles"] for x in runs)
         wall = sum(x["wall_s"] for x in runs)
         cpu = sum(x["cpu_s"] for x in runs)
@@ -159,7 +169,8 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
                       "cycles_per_wall_s": sim / wall, "cycles_per_cpu_s": sim / cpu,
                       "target_cycles_per_s": TARGET_CYCLES_PER_S if lanes == 64 else None,
                       "meets_target": (sim / wall >= TARGET_CYCLES_PER_S) if lanes == 64 else None,
-                      "loadavg_before": load_before, "loadavg_after": load_after, "per_token": runs},
+                      "loadavg_before": load_before, "loadavg_after": load_after, "per_token": runs,
+                      "same_token_as_cocotb": same_token},
             "cycles_per_token": {"hw": hw_cycles, "model": predicted, "rel_diff": hw_cycles / predicted - 1,
                                  "ideal": max(image.info.image_bytes / (bp.channels * bp.beat_bytes),
                                               trits / bp.lanes)},
@@ -171,6 +182,42 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
         }
     finally:
         rtl.close()
+
+
+def bench_cocotb(lanes: int, bus_bits: int, token: int, max_layers: int = 8) -> dict:
+    """The cocotb path (``sim/test_accelerator.py``) on the same design and token: the core's Verilog built by
+    cocotb's Verilator runner, stimulus and checks in Python (cocotbext-axi), one whole token bit-exact."""
+    sim_dir = str(REPO / "sim")
+    if sim_dir not in sys.path:
+        sys.path.insert(0, sim_dir)
+    import test_accelerator as ta
+
+    from host.image import parse_image
+    from hw.isa import TritPacking
+
+    model = ta.shipped_model(TritPacking.BASE3)
+    info = parse_image(model.image).info
+    build = ta.Build(lanes=lanes, bus_bits=bus_bits, quant_lanes=8, packing=TritPacking.BASE3,
+                     max_hidden=info.hidden, max_intermediate=info.intermediate, max_layers=max_layers)
+    t0 = time.perf_counter()
+    built = ta.get_sim(build)
+    build_s = time.perf_counter() - t0
+    run = ta.Run(built, f"bench-rtl-{token}", stress=False)
+    run.step("reset")
+    ta.add_tokens(run, model, [token], build, label="bench")
+    load_before = os.getloadavg()
+    run.execute("tokens")
+    timing = json.loads((run.dir / "timings-tokens.json").read_text())[0]
+    execute = json.loads((run.dir / "execute.json").read_text())
+    return {"lanes": lanes, "bus_bits": bus_bits, "token": token, "position": 0, "cycles": timing["cycles"],
+            "wall_s": timing["wall_s"], "cycles_per_wall_s": timing["cycles"] / timing["wall_s"],
+            # the simulator process's whole CPU time (start-up, reset, register reads included): a lower bound
+            "cycles_per_cpu_s_lower_bound": timing["cycles"] / execute["cpu_s"],
+            "process": execute, "build_or_cache_s": round(build_s, 1), "sim_dir": str(built.sim_dir),
+            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "note": "sim/test_accelerator.py's cocotb 2 testbench (AxiStreamSource/Sink, AxiLiteMaster) under "
+                    "Verilator: one token, output packet bit-exact with the golden device; wall_s covers the "
+                    "token only (the counter reads and checks around it excluded)"}
 
 
 def bench_amaranth(checkpoint, lanes: int, bus_bits: int, cycles: int) -> dict:
@@ -226,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=8, help="timed tokens per build (after one profiled token)")
     ap.add_argument("--amaranth-cycles", type=int, default=0,
                     help="also run this many cycles of the 64-lane core in the Amaranth simulator")
+    ap.add_argument("--cocotb", action="store_true",
+                    help="also run the cocotb testbench (sim/) on the 64-lane design and the same token")
     ap.add_argument("--out", type=Path, default=RESULTS / "rtl.json")
     args = ap.parse_args(argv)
     from host.checkpoint import load_checkpoint
@@ -244,6 +293,17 @@ def main(argv=None) -> int:
               f"{r['cycles_per_token']['hw']:,.0f} cycles/token (model {r['cycles_per_token']['model']:,}); "
               f"efficiency {r['stream_efficiency']['hw']:.3f}; bit-exact {r['bit_exact_logits']}",
               file=sys.stderr, flush=True)
+    if args.cocotb:
+        print("bench_rtl: cocotb path, 64 lanes ...", file=sys.stderr, flush=True)
+        c = bench_cocotb(64, BUILDS[64], ids[0])
+        report["cocotb"] = c
+        if "64" in report["builds"]:
+            v = report["builds"]["64"]["speed"]["same_token_as_cocotb"]
+            report["speedup_vs_cocotb"] = {"wall": v["cycles_per_wall_s"] / c["cycles_per_wall_s"],
+                                           "cpu_upper_bound": v["cycles_per_cpu_s"] / c["cycles_per_cpu_s_lower_bound"],
+                                           "same_token_cycles": [v["sim_cycles"], c["cycles"]]}
+        print(f"  cocotb {c['cycles_per_wall_s'] / 1e3:.1f} k cycles/s wall; speed-up "
+              f"{report.get('speedup_vs_cocotb', {}).get('wall', float('nan')):.0f}x", file=sys.stderr, flush=True)
     if args.amaranth_cycles:
         a = bench_amaranth(checkpoint, 64, 64, args.amaranth_cycles)
         report["amaranth_sim"] = a

@@ -55,10 +55,12 @@ def normalize_params(params: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def source_digest(hw_dir: Path = HW_DIR) -> str:
-    """SHA-256 over every ``hw/*.py`` (name and bytes, sorted) and the Amaranth version."""
+def source_digest(hw_dir: Path | None = None) -> str:
+    """SHA-256 over every ``hw/*.py`` (name and bytes, sorted; default :data:`HW_DIR`, looked up at each call)
+    and the Amaranth version."""
     import amaranth
 
+    hw_dir = HW_DIR if hw_dir is None else hw_dir
     h = hashlib.sha256()
     h.update(f"amaranth {amaranth.__version__}\n".encode())
     for p in sorted(Path(hw_dir).glob("*.py")):

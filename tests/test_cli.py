@@ -292,3 +292,30 @@ def test_end_to_end_on_disk_checkpoint(capsys, tmp_path):
     text.write_text(TEXT, encoding="utf-8")
     assert cli.main(["eval", "--model", str(model), "--text", str(text), "--context", "32"]) == 0
     assert "bits per byte" in capsys.readouterr().out
+
+
+class _CountingDevice:
+    """Stand-in for a device after a run: its counters and, for the RTL device, its cycles report."""
+
+    def __init__(self, name, counters, report=None):
+        self.name, self._counters, self._report = name, counters, report
+        if report is not None:
+            self.cycles_report = lambda: self._report
+
+    def counters(self):
+        return dict(self._counters)
+
+
+def test_print_cycles_of_the_rtl_device(capsys):
+    from host.cli import _print_cycles
+
+    rep = {"measured": 251655.0, "predicted": 251704, "ideal": 243192.0, "stream_efficiency": 243192 / 251655}
+    _print_cycles(_CountingDevice("rtl", {"hw_cycles": 2 * 251655, "hw_tokens": 2}, rep))
+    err = capsys.readouterr().err
+    assert err == ("[251,655 cycles/token (hardware counters), cycle model 251,704 (-0.02%), roofline 243,192 "
+                   "(stream efficiency 96.6%), device rtl]\n")
+    _print_cycles(_CountingDevice("golden", {"hw_cycles": 500, "hw_tokens": 2}))
+    assert capsys.readouterr().err == "[250 cycles/token (cycle model), device golden]\n"
+    _print_cycles(_CountingDevice("rtl", {"hw_cycles": 0, "hw_tokens": 0}, None))   # no token yet: silent
+    _print_cycles(_CountingDevice("reference", {}))                                  # no cycle counters
+    assert capsys.readouterr().err == ""

