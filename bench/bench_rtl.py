@@ -28,12 +28,20 @@ Counters
 Bit-exactness
     Every timed token's logits are compared with the golden device's.
 
+370M layer (``--layer-370m``)
+    Instead of the above: one whole layer of the 370M shape (hidden 1024, intermediate 2816; random ternary
+    weights, 2 layers, a 64-word LM head) on cores built for that shape at 64 lanes x 1 channel x 64 bits and
+    256 lanes x 4 channels x 128 bits: the layer's cycles and stream efficiency (its own bytes and trits)
+    against the cycle model, every counter per instruction, logits bit-exact (:func:`bench_layer370m`).
+
 Usage::
 
     python bench/bench_rtl.py --cocotb                 # both builds, 8 tokens each, and the cocotb path
     python bench/bench_rtl.py --lanes 64 --tokens 4    # one build
+    python bench/bench_rtl.py --layer-370m             # the 370M layer, both builds, 2 tokens each
 
-Results go to ``bench/results/rtl.json`` (``--out``). The first run builds each core (minutes).
+Results go to ``bench/results/rtl.json`` (``--out``), with ``--layer-370m`` to
+``bench/results/rtl_layer370m.json``. The first run builds each core (minutes).
 """
 
 from __future__ import annotations
@@ -184,6 +192,147 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
         rtl.close()
 
 
+#: the 370M layer benchmark's builds: name -> (lanes, channels, bus bits)
+LAYER_BUILDS = {"64x1x64": (64, 1, 64), "256x4x128": (256, 4, 128)}
+LAYER_SHAPE = {"hidden_size": 1024, "intermediate_size": 2816}   # ridger/MMfreeLM-370M's config.json
+LAYER_FULL = {"num_hidden_layers": 24, "vocab_size": 32000}
+
+
+def _instruction_bytes(image) -> list[int]:
+    """Bytes of each instruction of a parsed image (header, constants, weight blocks), from the offsets."""
+    offs = [i.offset for i in image.instructions] + [len(image.raw)]
+    return [b - a for a, b in zip(offs, offs[1:], strict=False)]
+
+
+def bench_layer370m(lanes: int, channels: int, bus_bits: int, *, n_layers: int = 2, vocab: int = 64,
+                    n_tokens: int = 2, seed: int = 0) -> dict:
+    """One whole 370M-shape layer in RTL simulation: cycles, stream efficiency and every counter per instruction.
+
+    A random ternary model (:func:`host.model.random_weights`) of the 370M layer shape (hidden 1024,
+    intermediate 2816) with ``n_layers`` layers and a ``vocab``-word LM head runs ``n_tokens`` tokens (positions
+    0, 1, ...: the recurrent state is carried) on the Verilated core built for that shape (``max_hidden`` 1024,
+    ``max_intermediate`` 2816, ``max_layers`` = ``n_layers`` rounded up to a power of two), each profiled per
+    instruction, and on the golden device; logits compared bit for bit.
+
+    Layer ``0`` has the shape of a steady-state layer of the 24-layer 370M program (its ``down_proj`` forms
+    the next layer's three code sets, as every layer but the last does): its cycles are the sum of its seven
+    GEMVs' ``CYCLES`` increments, and its stream efficiency (:func:`host.perf.stream_efficiency`) uses the
+    layer's own image bytes (headers, constants, weights) and trits, as :func:`host.perf.token_prediction`
+    does for its ``layer`` entry (reported next to it for the 24-layer, 32000-word 370M program).
+
+    Returns
+    -------
+    dict
+        JSON-ready results of this build.
+    """
+    from host.devices.golden import GoldenDevice
+    from host.devices.rtl import RtlDevice
+    from host.model import HGRNBitConfig, random_weights
+    from host.perf import program_shapes, stream_efficiency, token_prediction
+    from hw.isa import Counter, Opcode
+
+    cfg = HGRNBitConfig(vocab_size=vocab, num_hidden_layers=n_layers, **LAYER_SHAPE)
+    t0 = time.perf_counter()
+    weights = random_weights(cfg, seed=seed)
+    build = {"lanes": lanes, "channels": channels, "bus_bits": bus_bits, "quant_lanes": 8}
+    caps = {"max_hidden": cfg.hidden_size, "max_intermediate": cfg.intermediate_size,
+            "max_layers": 1 << (n_layers - 1).bit_length()}
+    rtl = RtlDevice(**build, **caps)
+    rtl.load(weights)
+    gold = GoldenDevice(**build)
+    gold.load(weights)
+    load_s = time.perf_counter() - t0
+    try:
+        image, bp = rtl.image, rtl.build
+        # instruction names from the shape program (parsed images carry none); shapes checked against the image
+        shapes = program_shapes(cfg.hidden_size, cfg.intermediate_size, n_layers, vocab,
+                                packing=rtl.options.packing, channels=channels).instructions
+        if [(s.opcode, s.n, s.k) for s in shapes] != [(i.opcode, i.n, i.k) for i in image.instructions]:
+            raise RuntimeError("the image's instructions differ from host.perf.program_shapes'")
+        names = [s.name for s in shapes]
+        nbytes = _instruction_bytes(image)
+        nonzero = gold.machine.nonzero_trits()
+        ids = [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n_tokens)]
+        tokens, exact = [], True
+        rtl.profile = True
+        for pos, t in enumerate(ids):
+            load_before = os.getloadavg()
+            a = rtl.step(t)
+            b = gold.step(t)
+            same = bool(np.array_equal(a, b))
+            exact &= same
+            hw_per = rtl.last.per_instruction
+            model_per = []
+            for i, m in enumerate(gold.last.per_instruction):
+                m = dict(m)
+                m[Counter.NONZERO_TRITS] = nonzero[i]
+                model_per.append(m)
+            if len(hw_per) != len(model_per):
+                raise RuntimeError(f"{len(hw_per)} profiled instructions, the image has {len(model_per)}")
+            r = rtl.last
+            layers = []
+            for li in range(n_layers):
+                idx = [i for i, n in enumerate(names) if n.startswith(f"layers.{li}.")]
+                lb = sum(nbytes[i] for i in idx)
+                lt = sum(image.instructions[i].n * image.instructions[i].k for i in idx
+                         if image.instructions[i].opcode is Opcode.GEMV)
+                hc = sum(hw_per[i][Counter.CYCLES] for i in idx)
+                mc = sum(model_per[i][Counter.CYCLES] for i in idx)
+                layers.append({
+                    "layer": li, "bytes": lb, "trits": lt,
+                    "ideal_cycles": max(lb / (bp.channels * bp.beat_bytes), lt / bp.lanes),
+                    "binding": "stream" if lb / (bp.channels * bp.beat_bytes) >= lt / bp.lanes else "lanes",
+                    "cycles": {"hw": int(hc), "model": int(mc), "diff": int(hc - mc), "rel_diff": hc / mc - 1},
+                    "stream_efficiency": {"hw": stream_efficiency(lb, lt, int(hc), bp),
+                                          "model": stream_efficiency(lb, lt, int(mc), bp)},
+                    "per_instruction": [
+                        {"name": names[i], "n": image.instructions[i].n, "k": image.instructions[i].k,
+                         "bytes": nbytes[i], "hw": {c.name: int(hw_per[i][c]) for c in Counter},
+                         "model": {c.name: int(model_per[i][c]) for c in Counter}} for i in idx],
+                })
+            tokens.append({
+                "position": pos, "token": t, "bit_exact_logits": same,
+                # what was compared: a non-degenerate logit vector (spread, arg max)
+                "logits": {"n": int(a.size), "min": float(a.min()), "max": float(a.max()), "std": float(a.std()),
+                           "argmax": int(a.argmax())},
+                "hw_cycles": int(r.counters[Counter.CYCLES]),
+                "model_cycles": int(sum(m[Counter.CYCLES] for m in model_per)),
+                "sim_cycles": r.cycles, "wall_s": r.wall_ns * 1e-9, "cpu_s": r.cpu_ns * 1e-9,
+                "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                "layers": layers, "counters": compare_counters(hw_per, model_per, names)})
+        rtl.profile = False
+        # the cycle model of the full 24-layer, 32000-word 370M program: its steady-state layer
+        program = program_shapes(cfg.hidden_size, cfg.intermediate_size, LAYER_FULL["num_hidden_layers"],
+                                 LAYER_FULL["vocab_size"], packing=rtl.options.packing, channels=channels)
+        full = token_prediction(program, bp)["layer"]
+        return {
+            "build": {**build, **caps, "packing": rtl.options.packing.name.lower()},
+            "model": {"config": {k: v for k, v in cfg.to_dict().items() if k in (
+                "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")},
+                      "weights": f"host.model.random_weights(seed={seed})", "image_bytes": image.info.image_bytes},
+            "harness_build": rtl.build_info, "load_seconds": round(load_s, 1), "token_ids": ids,
+            "bit_exact_logits": exact, "n_instructions": len(names),
+            "model_prediction_370m_24_layers": {k: full[k] for k in (
+                "layers", "cycles", "bytes", "trits", "ideal_cycles", "binding", "stream_efficiency")},
+            "tokens": tokens,
+        }
+    finally:
+        rtl.close()
+
+
+def _print_layer(name: str, r: dict) -> None:
+    t = r["tokens"][-1]
+    lay = t["layers"][0]
+    print(f"  {name}: layer 0 {lay['cycles']['hw']:,} cycles (model {lay['cycles']['model']:,}, "
+          f"{lay['cycles']['rel_diff']:+.4%}); ideal {lay['ideal_cycles']:,.0f} ({lay['binding']}); stream "
+          f"efficiency {lay['stream_efficiency']['hw']:.4f} (model {lay['stream_efficiency']['model']:.4f}); "
+          f"bit-exact {r['bit_exact_logits']}", file=sys.stderr, flush=True)
+    for p in lay["per_instruction"]:
+        h, m = p["hw"]["CYCLES"], p["model"]["CYCLES"]
+        print(f"    {p['name']:<32} {p['n']:>5}x{p['k']:<5} hw {h:>7,} model {m:>7,} diff {h - m:+d}",
+              file=sys.stderr, flush=True)
+
+
 def bench_cocotb(lanes: int, bus_bits: int, token: int, max_layers: int = 8) -> dict:
     """The cocotb path (``sim/test_accelerator.py``) on the same design and token: the core's Verilog built by
     cocotb's Verilator runner, stimulus and checks in Python (cocotbext-axi), one whole token bit-exact."""
@@ -270,13 +419,37 @@ def bench_amaranth(checkpoint, lanes: int, bus_bits: int, cycles: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lanes", default="64,256", help="comma-separated lane counts (64 and/or 256)")
-    ap.add_argument("--tokens", type=int, default=8, help="timed tokens per build (after one profiled token)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="timed tokens per build (after one profiled token; default 8); with --layer-370m: "
+                         "profiled tokens per build (default 2)")
     ap.add_argument("--amaranth-cycles", type=int, default=0,
                     help="also run this many cycles of the 64-lane core in the Amaranth simulator")
     ap.add_argument("--cocotb", action="store_true",
                     help="also run the cocotb testbench (sim/) on the 64-lane design and the same token")
-    ap.add_argument("--out", type=Path, default=RESULTS / "rtl.json")
+    ap.add_argument("--layer-370m", action="store_true",
+                    help="instead: one whole layer of the 370M shape (random ternary weights, 2 layers, 64-word "
+                         "vocabulary) at 64x1x64 and 256x4x128 (--builds), into bench/results/rtl_layer370m.json")
+    ap.add_argument("--builds", default=",".join(LAYER_BUILDS),
+                    help=f"with --layer-370m: comma-separated builds among {', '.join(LAYER_BUILDS)}")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result file (default bench/results/rtl.json, or rtl_layer370m.json with --layer-370m)")
     args = ap.parse_args(argv)
+    if args.layer_370m:
+        out = args.out or RESULTS / "rtl_layer370m.json"
+        report = {**provenance("rtl_layer370m"), "loadavg_start": os.getloadavg(), "builds": {}}
+        for name in args.builds.split(","):
+            if name not in LAYER_BUILDS:
+                ap.error(f"unknown build {name!r}; known: {', '.join(LAYER_BUILDS)}")
+            print(f"bench_rtl: 370M layer, {name} ...", file=sys.stderr, flush=True)
+            r = bench_layer370m(*LAYER_BUILDS[name], n_tokens=max(1, args.tokens or 2))
+            report["builds"][name] = r
+            _print_layer(name, r)
+        report["loadavg_end"] = os.getloadavg()
+        write_json(out, report)
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
+    args.out = args.out or RESULTS / "rtl.json"
+    args.tokens = 8 if args.tokens is None else args.tokens
     from host.checkpoint import load_checkpoint
 
     checkpoint = load_checkpoint(MODEL)
