@@ -313,7 +313,8 @@ def bench_layer370m(lanes: int, channels: int, bus_bits: int, *, n_layers: int =
             "harness_build": rtl.build_info, "load_seconds": round(load_s, 1), "token_ids": ids,
             "bit_exact_logits": exact, "n_instructions": len(names),
             "model_prediction_370m_24_layers": {k: full[k] for k in (
-                "layers", "cycles", "bytes", "trits", "ideal_cycles", "binding", "stream_efficiency")},
+                "layers", "cycles", "bytes", "trits", "ideal_cycles", "binding", "stream_efficiency", "parts",
+                "per_instruction")},
             "tokens": tokens,
         }
     finally:
