@@ -61,6 +61,7 @@ NONZERO_SHARE = 2 / 3
 INPUTS = {
     "perf": ("bench/results/perf.json", "python bench/bench_perf.py"),
     "rtl": ("bench/results/rtl.json", "python bench/bench_rtl.py"),
+    "rtl_layer370m": ("bench/results/rtl_layer370m.json", "python bench/bench_rtl.py --layer-370m"),
     "synth": ("bench/results/synth.json", "python bench/bench_synth.py"),
     "gpu": ("bench/results/gpu.json", "python3 bench/bench_gpu.py (on an H200)"),
     "gpu_1.3b": ("bench/results/gpu_1.3b.json", "python3 bench/bench_gpu.py --shape 1.3B (on an H200)"),
@@ -250,7 +251,16 @@ def cycles_section(data: dict) -> str:
     parts.append("A middle layer (all seven GEMVs of one block), for the builds of the per-board projections below; "
                  "`bench/results/perf.json` holds the whole sweep and the whole-token figures.\n")
     rows = []
+    layer370 = data.get("rtl_layer370m")
     for model in MODEL_SHAPES:
+        if model == "370M" and layer370 is not None:
+            for entry in layer370["builds"].values():
+                b, lay = entry["build"], entry["tokens"][0]["layers"][0]
+                rows.append([model, "RTL (Verilator), layer 0 of a 2-layer random model",
+                             f"{b['lanes']} lanes, {b['channels']} ch x {b['bus_bits']} bit",
+                             fmt(int(lay["cycles"]["hw"])), pct(lay["stream_efficiency"]["hw"]), lay["binding"],
+                             "simulated" + ("" if entry["bit_exact_logits"] else " (NOT bit-exact)")])
+            continue
         rows.append([model, "RTL (Verilator)", "—", "**not yet measured** (no layer run of this shape in "
                      "`bench/results/rtl.json`)" if rtl is not None else missing("rtl"), "—", "—", "simulated"])
         if perf is None:
