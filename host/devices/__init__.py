@@ -68,6 +68,8 @@ DEVICES: dict[str, DeviceEntry] = {
                              "float numpy model (host.reference): the accuracy yardstick"),
     "rtl": DeviceEntry("host.devices.rtl", "RtlDevice",
                        "Verilated hw/ core (host.devices.rtl): the golden device's bits, hardware cycle counts"),
+    "ecp5": DeviceEntry("host.devices.ecp5", "Ecp5Device",
+                        "ULX3S / ECPIX-5 (ECP5) board over its serial port (bitstreams/<board>, pyserial)"),
     # Planned; move each here from PLANNED_DEVICES when its module exists:
     # "pynq":   DeviceEntry("host.devices.pynq", "PynqDevice", "Zynq board through pynq (Overlay, AxiDMA)"),
     # "xrt":    DeviceEntry("host.devices.xrt", "XrtDevice", "Alveo card through pyxrt (kernel, bo)"),
