@@ -255,7 +255,7 @@ class Ecp5Device(Device):
             try:
                 import serial  # pyserial, imported only for a real port
             except ImportError as exc:
-                raise DeviceError("device 'ecp5' needs pyserial: pip install 'mmfree-fpga[boards]'") from exc
+                raise DeviceError("device 'ecp5' needs pyserial: pip install 'mmfree-fpga[ecp5]'") from exc
             try:
                 port = serial.Serial(self.port_name, self.baud, timeout=self.timeout)
             except (OSError, serial.SerialException) as exc:

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed, lanes=lanes[0])
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
-        return int(xil.build(args.board, out) or 0)
+        params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}
+        return int(xil.build(args.board, out, **params) or 0)
     if xil is None:
         print(f"unknown board {args.board!r}: ECP5 boards are {', '.join(sorted(ecp5.BOARDS))}; the Xilinx flows "
               f"(pynq-z2, kv260, zcu104, u55c) need hw/boards/xilinx.py, which is not in this tree", file=sys.stderr)
