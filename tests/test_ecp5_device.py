@@ -10,6 +10,7 @@ host never has more stream bytes unacknowledged than the board's receive FIFO ho
 import os
 import struct
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from host.devices.golden import GoldenDevice, GoldenMachine
 from host.image import ImageError
 from host.model import HGRNBitConfig, random_weights
 from hw import isa
+from hw.boards import ecp5
 from hw.boards import uart_link as ul
 
 R = isa.REGISTER_MAP
@@ -27,8 +29,11 @@ CFG = HGRNBitConfig(vocab_size=61, hidden_size=20, num_hidden_layers=2, intermed
 
 
 def id_values(**over):
-    kw = dict(lanes=32, channels=1, bus_bits=64, packings=[isa.TritPacking.BASE3], quant_lanes=8, max_hidden=324,
-              max_intermediate=868, max_layers=8)
+    """The ID block of the committed ECP5 builds (hw.boards.ecp5.DEFAULT_PARAMS), with overrides."""
+    p = ecp5.DEFAULT_PARAMS
+    kw = dict(lanes=p["lanes"], channels=1, bus_bits=64, packings=[isa.TritPacking[p["packing"].upper()]],
+              quant_lanes=p["quant_lanes"], max_hidden=p["max_hidden"], max_intermediate=p["max_intermediate"],
+              max_layers=p["max_layers"])
     kw.update(over)
     return isa.id_block_values(**kw)
 
@@ -250,6 +255,19 @@ def test_missing_port_is_a_clear_error(weights, tmp_path):
     dev = open_device("ecp5", port=str(tmp_path / "no-such-tty"), timeout=0.1)
     with pytest.raises(DeviceError, match="no-such-tty|pyserial"):
         dev.load(weights)
+
+
+def test_shipped_model_fits_the_ecp5_builds():
+    """The shipped model loads on the committed builds' buffers and its first token matches the golden device."""
+    from host.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(Path(__file__).resolve().parents[1] / "models" / "hgrn-bit-pydoc")
+    gold = GoldenDevice()
+    gold.load(ck)
+    with Ecp5Device(serial=FakeBoard(), timeout=1.0) as dev:
+        dev.load(ck)
+        assert np.array_equal(dev.step(1), gold.step(1))
+        assert 6.0 < dev.seconds_per_token() < 7.0       # 1.95 MB at 3 Mbaud, 10 bits per byte
 
 
 @pytest.mark.board

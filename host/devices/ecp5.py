@@ -260,7 +260,7 @@ class Ecp5Device(Device):
                 port = serial.Serial(self.port_name, self.baud, timeout=self.timeout)
             except (OSError, serial.SerialException) as exc:
                 raise DeviceError(f"device 'ecp5': cannot open {self.port_name} at {self.baud} baud: {exc} "
-                                  f"(set MMFREE_ECP5_PORT or --device-option port=...)") from exc
+                                  f"(set MMFREE_ECP5_PORT to the serial port)") from exc
         self.link = UartLink(port, timeout=self.timeout)
         try:
             self.link.resync(0.0)
