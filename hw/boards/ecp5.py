@@ -28,7 +28,8 @@ from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, ResetInser
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import connect
 
-__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "sweep", "DEFAULT_PARAMS", "REPO_ROOT"]
+__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "sweep", "collect_sweep",
+           "DEFAULT_PARAMS", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -347,9 +348,45 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         print(f"{board}: {out / (board + '.bit')} ({report['fmax_mhz']} MHz achieved, {report['target_mhz']} MHz "
               f"target)", file=sys.stderr)
+    if write_bitstream_dir:
+        collect_sweep(board, out)
     if not ok:
         return 2
     return 0 if report["timing_met"] else 1
+
+
+def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
+    """Gather every build of ``board`` under ``build/boards/<board>/`` into ``out_dir/sweep.json``.
+
+    The choice rule: among builds whose post-route Fmax meets their target, the largest
+    ``lanes x target clock`` (the PLL runs the core at the target, so that is the trit rate the bitstream
+    delivers), then the larger Fmax margin.
+
+    Returns
+    -------
+    dict
+        ``rule``, ``chosen`` (the tag or None) and ``builds`` (one summary per build).
+    """
+    rows = []
+    for rep_path in sorted((REPO_ROOT / "build" / "boards" / board).glob("*/report.json")):
+        r = json.loads(rep_path.read_text())
+        rows.append({"config": rep_path.parent.name, "lanes": r["lanes"], "target_mhz": r["target_mhz"],
+                     "fmax_mhz": r.get("fmax_mhz"), "timing_met": r.get("timing_met", False),
+                     "status": r.get("status"), "lanes_x_target": round(r["lanes"] * r["target_mhz"], 1),
+                     "lut4": r.get("utilisation", {}).get("TRELLIS_COMB", {}).get("used"),
+                     "ff": r.get("utilisation", {}).get("TRELLIS_FF", {}).get("used"),
+                     "dp16kd": r.get("utilisation", {}).get("DP16KD", {}).get("used"),
+                     "mult18": r.get("utilisation", {}).get("MULT18X18D", {}).get("used"),
+                     "build_seconds": r.get("build_seconds"), "load_average": r.get("load_average"),
+                     "seed": r.get("seed"), "git_revision": r.get("git_revision")})
+    ok = [x for x in rows if x["timing_met"] and x["status"] == "built"]
+    best = max(ok, key=lambda x: (x["lanes_x_target"], x["fmax_mhz"] - x["target_mhz"]), default=None)
+    result = {"board": board, "rule": "timing met; max lanes x target clock; then max Fmax margin",
+              "chosen": best["config"] if best else None, "builds": rows}
+    out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[dict]:
