@@ -76,6 +76,7 @@ class Faults:
     stall_channel: int | None = None
     dma_error_channel: int | None = None
     force_error: ErrorCause | None = None
+    corrupt_logit: int | None = None    #: add 1 to this logit's accumulator (a well-formed, wrong packet)
 
 
 class FakeCore:
@@ -190,6 +191,14 @@ class FakeCore:
             self._fail(exc.cause, getattr(exc, "instruction", 0) or 0)
             return
         self.state = res.state
+        if self.faults.corrupt_logit is not None:
+            from host.devices.golden import make_output_packet, parse_output_packet
+
+            p = parse_output_packet(res.output)
+            acc = p.logits_acc.copy()
+            acc[self.faults.corrupt_logit] += 1
+            res.output = make_output_packet(acc, position=p.position, argmax=p.argmax, max_acc=p.max_acc,
+                                            scale_mant=p.scale_mant, scale_shift=p.scale_shift)
         for c, v in res.counters.items():
             self.counters[c] += int(v)
         self.output = res.output
