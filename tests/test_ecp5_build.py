@@ -79,3 +79,23 @@ def test_committed_bitstream_report(board):
     assert bit.stat().st_size == rep["bitstream_bytes"] > 100_000
     assert rep["lanes"] == rep["params"]["lanes"] and rep["channels"] == 1 and rep["bus_bits"] == 64
     assert rep["utilisation"]["TRELLIS_COMB"]["used"] <= rep["utilisation"]["TRELLIS_COMB"]["available"]
+
+
+def test_publish_copies_only_closed_timing(tmp_path):
+    bdir = tmp_path / "l32_f60_s1"
+    bdir.mkdir()
+    (bdir / "top.bit").write_bytes(b"\xff" * 1000)
+    rep = {"board": "ulx3s-85f", "status": "built", "timing_met": False, "fmax_mhz": 55.0, "target_mhz": 60.0,
+           "lanes": 32}
+    (bdir / "report.json").write_text(json.dumps(rep))
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="timing not met"):
+        ecp5.publish("ulx3s-85f", bdir, out)
+    assert not (out / "ulx3s-85f.bit").exists()
+    with pytest.raises(ValueError, match="not 'ecpix5-85f'"):
+        ecp5.publish("ecpix5-85f", bdir, out)
+    rep.update(timing_met=True, fmax_mhz=61.5)
+    (bdir / "report.json").write_text(json.dumps(rep))
+    bit = ecp5.publish("ulx3s-85f", bdir, out)
+    assert bit.read_bytes() == b"\xff" * 1000
+    assert json.loads((out / "report.json").read_text())["bitstream_bytes"] == 1000

@@ -46,8 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baud", type=int, default=3_000_000, help="ECP5: UART rate (default 3000000)")
     ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
+    ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
+                    help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
     args = ap.parse_args(argv)
 
+    if args.board in ecp5.BOARDS and args.publish:
+        try:
+            ecp5.publish(args.board, args.publish, args.out)
+        except ValueError as exc:
+            print(f"python -m hw.boards: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.board in ecp5.BOARDS:
         chosen = ecp5.CHOSEN.get(args.board, {})
         lanes = _ints(args.lanes) if args.lanes else [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]

@@ -28,7 +28,7 @@ from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, ResetInser
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import connect
 
-__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "sweep", "collect_sweep",
+__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "sweep", "publish", "collect_sweep",
            "DEFAULT_PARAMS", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -341,18 +341,44 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     report["uart_bytes_per_s"] = baud / 10
     (bdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if ok and report["timing_met"] and write_bitstream_dir and (bdir / "top.bit").exists():
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(bdir / "top.bit", out / f"{board}.bit")
-        report["bitstream"] = f"{board}.bit"
-        report["bitstream_bytes"] = (out / f"{board}.bit").stat().st_size
-        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(f"{board}: {out / (board + '.bit')} ({report['fmax_mhz']} MHz achieved, {report['target_mhz']} MHz "
-              f"target)", file=sys.stderr)
+        publish(board, bdir, out)
     if write_bitstream_dir:
         collect_sweep(board, out)
     if not ok:
         return 2
     return 0 if report["timing_met"] else 1
+
+
+def publish(board: str, build_dir: Path, out_dir: Path | None = None) -> Path:
+    """Copy a finished build (``top.bit`` and its ``report.json``) to ``out_dir`` (default
+    ``bitstreams/<board>/``) as ``<board>.bit`` and ``report.json``, and refresh ``sweep.json``.
+
+    Raises
+    ------
+    ValueError
+        When the build did not finish, or its post-route Fmax missed the target: only closed timing is
+        published.
+    """
+    bdir = Path(build_dir)
+    rep_path = bdir / "report.json"
+    if not rep_path.exists() or not (bdir / "top.bit").exists():
+        raise ValueError(f"{bdir} holds no finished build (report.json and top.bit)")
+    report = json.loads(rep_path.read_text())
+    if report.get("board") != board:
+        raise ValueError(f"{bdir} is a build for {report.get('board')!r}, not {board!r}")
+    if report.get("status") != "built" or not report.get("timing_met"):
+        raise ValueError(f"{bdir}: timing not met ({report.get('fmax_mhz')} MHz achieved, "
+                         f"{report.get('target_mhz')} MHz target): not published")
+    out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(bdir / "top.bit", out / f"{board}.bit")
+    report["bitstream"] = f"{board}.bit"
+    report["bitstream_bytes"] = (out / f"{board}.bit").stat().st_size
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    collect_sweep(board, out)
+    print(f"{board}: {out / (board + '.bit')} ({report['fmax_mhz']} MHz achieved, {report['target_mhz']} MHz "
+          f"target)", file=sys.stderr)
+    return out / f"{board}.bit"
 
 
 def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
