@@ -798,6 +798,27 @@ def estimate(board: str, out_dir: Path, *, timeout: float = 3600.0, flows=("abc9
     return entry
 
 
+def reference_points(board: str) -> list[dict]:
+    """Whole-core Yosys results of ``bench/results/synth.json`` (issue 4's synthesis benchmark) for the board's
+    family, as percentages of the board's part: **other build points** than the board's (smaller cores, out of
+    context), a yardstick while the board's own :func:`estimate` is missing."""
+    b = _board(board)
+    path = REPO / "bench" / "results" / "synth.json"
+    if not path.is_file():
+        return []
+    runs = json.loads(path.read_text()).get("runs", {})
+    out = []
+    for key, r in sorted(runs.items()):
+        if r.get("component") != "accelerator" or r.get("target") != b.yosys_family or r.get("status") != "ok":
+            continue
+        cells = r.get("cells", {})
+        out.append({"kind": "REFERENCE (another build point, not this board's core): Yosys synth_xilinx of "
+                            "hw.top.Accelerator from bench/results/synth.json",
+                    "run": key, "config": r.get("config"), "flow": r.get("variant"), "git": r.get("git"),
+                    **summarise_cells(cells, b.capacity)})
+    return out
+
+
 def _git_revision() -> str | None:
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
