@@ -305,6 +305,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
     rep["model"] = str(args.model)
     rep["device_options"] = options
+    rep["command"] = " ".join(["mmfree", *(sys.argv[1:] if sys.argv and sys.argv[0] else [])])
     text = json.dumps(rep, indent=2, sort_keys=True, default=str)
     if args.json is not None:
         args.json.write_text(text + "\n")
