@@ -305,7 +305,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
     rep["model"] = str(args.model)
     rep["device_options"] = options
-    rep["command"] = " ".join(["mmfree", *(sys.argv[1:] if sys.argv and sys.argv[0] else [])])
+    rep["command"] = " ".join(["mmfree", *getattr(args, "argv", [])])
     text = json.dumps(rep, indent=2, sort_keys=True, default=str)
     if args.json is not None:
         args.json.write_text(text + "\n")
@@ -603,6 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): return it instead of exiting
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -76,7 +76,7 @@ def test_bench_json(pynq_board, tmp_path, capsys, device):
     assert rep["roofline"]["binding"] in ("dram", "ports", "channels", "lanes")
     assert rep["achieved_gbs"] == pytest.approx(rep["image_bytes"] * rep["tokens_per_s"] / 1e9)
     assert rep["cycle_tokens_per_s"] == pytest.approx(rep["fmax_mhz"] * 1e6 / rep["cycles_per_token"])
-    assert rep["provenance"]["load_average"]
+    assert rep["provenance"]["load_average"] and rep["command"].startswith(f"mmfree bench --device {device}")
     if device == "pynq":    # the fake core's counters are the golden device's cycle model for its build
         assert rep["cycles_source"] == "hardware counters" and rep["build"]["lanes"] == 32
 
