@@ -190,6 +190,11 @@ def test_shell_offset_and_soft_reset(platform):
             await ctx.tick()
         seen["cycles"] = n
         seen["after"] = await _read(ctx, bus, base + R.ID_MAGIC)
+        # back to back: a write and a read issued while the core is still in reset wait for it and complete
+        await _write(ctx, bus, base + SOFT_RESET, 1)
+        await _write(ctx, bus, base + SOFT_RESET, 1)
+        seen["during"] = await _read(ctx, bus, base + R.ID_LANES)
+        seen["held"] = ctx.get(dut.soft_reset)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -199,6 +204,8 @@ def test_shell_offset_and_soft_reset(platform):
     assert all(v == 0 for v in seen["below"])     # 0x00-0x0C on Alveo: XRT's, the core answers 0
     assert seen["no_reset"] == 0 and seen["zero"] == 0
     assert SOFT_RESET_CYCLES - 2 <= seen["cycles"] <= SOFT_RESET_CYCLES
+    assert "during" in seen, "a transaction right after the soft-reset write never completed (a hung bus)"
+    assert seen["during"] == 8 and seen["held"] == 0
 
 
 def _verilator() -> str | None:

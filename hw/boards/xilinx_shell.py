@@ -12,7 +12,8 @@ above the 0x00-0x0C control registers that XRT reserves). Two things the core la
   write with bit 0 set holds the core in reset for :data:`SOFT_RESET_CYCLES` cycles, exactly what the
   RTL device's hard reset does (the committed recurrent state reads as zero again, counters restart). The
   host needs it to start a new sequence: the register map has no other way to zero the state. The shell
-  watches the AXI4-Lite write channel the core answers; it takes no part in the handshake.
+  watches the AXI4-Lite write channel the core answers, and holds every AXI4-Lite handshake off while the
+  core is in reset (a transaction issued right after the reset write waits instead of being lost).
 
 The weight streams and the output stream pass through unchanged (the Verilog top of
 :mod:`hw.boards.xilinx` renames the ports and ties ``tkeep``).
@@ -86,10 +87,14 @@ class XilinxShell(wiring.Component):
         m.d.comb += self.irq.eq(core.irq)
 
         bus, cb = self.s_axil, core.s_axil
-        for name in ("awprot", "awvalid", "wdata", "wstrb", "wvalid", "bready", "arprot", "arvalid", "rready"):
+        for name in ("awprot", "wdata", "wstrb", "bready", "arprot", "rready"):
             m.d.comb += getattr(cb, name).eq(getattr(bus, name))
-        for name in ("awready", "wready", "bresp", "bvalid", "arready", "rdata", "rresp", "rvalid"):
+        for name in ("bresp", "bvalid", "rdata", "rresp", "rvalid"):
             m.d.comb += getattr(bus, name).eq(getattr(cb, name))
+        # while the core is held in reset its register block would accept an address and lose it (no
+        # response: a hung bus), so no handshake happens until the reset is over
+        for v, r in (("awvalid", "awready"), ("wvalid", "wready"), ("arvalid", "arready")):
+            m.d.comb += [getattr(cb, v).eq(getattr(bus, v) & ~rst), getattr(bus, r).eq(getattr(cb, r) & ~rst)]
         m.d.comb += [cb.awaddr.eq((bus.awaddr - self.base)[:8]), cb.araddr.eq((bus.araddr - self.base)[:8])]
 
         # soft reset: watch the write the core completes (address and data latched at their handshakes)
