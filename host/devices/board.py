@@ -157,9 +157,15 @@ class BoardDevice(Device):
                               f"{where}; its committed state is unchanged")
 
     def _recover(self, *, abort: bool) -> None:
+        """After an error or a time-out: abort the token (time-out), let the transport settle (its streams
+        drain into the stopped core), then clear the core for the next token packet."""
         if abort:
             self._reg_write(R.CTRL, CTRL_ABORT)
+        self._quiesce()
         self._reg_write(R.CTRL, CTRL_CLEAR)
+
+    def _quiesce(self) -> None:  # noqa: B027 - optional hook
+        """Stop or finish every transfer of the failed token (default: nothing to do)."""
 
     def _read_counters(self) -> dict[Counter, int]:
         return {c: self._reg_read(R.counter(c)) | (self._reg_read(R.counter(c) + 4) << 32) for c in Counter}

@@ -212,5 +212,8 @@ class PynqDevice(BoardDevice):
                     ch.stop()
                     ch.start()
 
+    def _quiesce(self) -> None:
+        self._reset_dma()     # no transfer of the failed token may reach the core after CTRL.clear
+
     def _release(self) -> None:
         self._free()

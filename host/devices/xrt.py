@@ -87,6 +87,8 @@ class XrtDevice(BoardDevice):
                 raise DeviceError(f"device 'xrt': the core has {self.build['channels']} channel(s) but the xclbin "
                                   f"has no mm2s_{c}: {exc}") from exc
         self._img: list = []
+        self._s2mm_run = None
+        self._mm2s_runs: list = []
         self._tok = None
         self._out = None
         self._count = None
@@ -131,7 +133,10 @@ class XrtDevice(BoardDevice):
         tok = self._tok[0]
         tok.write(packet, 0)
         tok.sync(x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(packet), 0)
-        runs = [("s2mm", self._start(self.s2mm, {1: self._out, 2: self._out_bytes // 4, 3: self._count})),
+        # an s2mm run left by a failed token (the core sent no output packet) takes this token's packet
+        if self._s2mm_run is None:
+            self._s2mm_run = self._start(self.s2mm, {1: self._out, 2: self._out_bytes // 4, 3: self._count})
+        runs = [("s2mm", self._s2mm_run),
                 ("mm2s_0 (token)", self._start(self.mm2s[0], {0: tok, 2: len(packet) // beat, 3: 0}))]
         for c, (bo, beats) in enumerate(self._img):
             runs.append((f"mm2s_{c}", self._start(self.mm2s[c], {0: bo, 2: beats, 3: 1})))
@@ -139,6 +144,7 @@ class XrtDevice(BoardDevice):
         bad = {getattr(x.ert_cmd_state, n, None) for n in ("ERT_CMD_STATE_ERROR", "ERT_CMD_STATE_ABORT",
                                                              "ERT_CMD_STATE_TIMEOUT", "ERT_CMD_STATE_NORESPONSE")}
         pending = list(runs)
+        self._mm2s_runs = [r for lbl, r in runs if lbl != "s2mm"]
         while pending:
             for item in list(pending):
                 label, r = item
@@ -150,6 +156,8 @@ class XrtDevice(BoardDevice):
             self._check_error()
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"kernel run(s) {[lbl for lbl, _ in pending]} not finished")
+        self._s2mm_run = None
+        self._mm2s_runs = []
         self._count.sync(x.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, 4, 0)
         words = int(np.asarray(self._count.read(4, 0), dtype=np.uint8).view("<u4")[0])
         n = 4 * words
@@ -157,6 +165,15 @@ class XrtDevice(BoardDevice):
             raise DeviceError(f"device 'xrt': the output packet is {n} bytes, expected at most {self._out_bytes}")
         self._out.sync(x.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, n, 0)
         return bytes(np.asarray(self._out.read(n, 0), dtype=np.uint8))
+
+    def _quiesce(self) -> None:
+        """Let the failed token's data movers finish (the stopped core drains its inputs), at most 2 s."""
+        done = self._x.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        end = time.monotonic() + 2.0
+        for r in self._mm2s_runs:
+            while r.wait(POLL_MS) != done and time.monotonic() < end:
+                pass
+        self._mm2s_runs = []
 
     def _start(self, kernel, args: dict):
         """A run of ``kernel`` with its memory-mapped and scalar arguments set by index (stream arguments,
