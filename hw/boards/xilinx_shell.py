@@ -15,13 +15,14 @@ above the 0x00-0x0C control registers that XRT reserves). Two things the core la
   watches the AXI4-Lite write channel the core answers, and holds every AXI4-Lite handshake off while the
   core is in reset (a transaction issued right after the reset write waits instead of being lost).
 
-The weight streams and the output stream pass through unchanged (the Verilog top of
-:mod:`hw.boards.xilinx` renames the ports and ties ``tkeep``).
+The weight streams and the output stream pass through, except that no beat is taken or offered while
+the core is held in reset (the Verilog top of :mod:`hw.boards.xilinx` renames the ports and ties
+``tkeep``).
 """
 
 from amaranth.hdl import Module, ResetInserter, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out, connect
+from amaranth.lib.wiring import In, Out
 
 from hw import isa
 from hw.regs import AXI4LiteSignature
@@ -81,9 +82,14 @@ class XilinxShell(wiring.Component):
         core = self.core
         rst = Signal()
         m.submodules.core = ResetInserter({"sync": rst})(core)
+        # streams: no beat may be taken while the core is held in reset (it would be lost)
         for c in range(core.channels):
-            connect(m, wiring.flipped(getattr(self, f"s_axis_w{c}")), getattr(core, f"s_axis_w{c}"))
-        connect(m, wiring.flipped(self.m_axis_out), core.m_axis_out)
+            outer, inner = getattr(self, f"s_axis_w{c}"), getattr(core, f"s_axis_w{c}")
+            m.d.comb += [inner.tdata.eq(outer.tdata), inner.tlast.eq(outer.tlast),
+                         inner.tvalid.eq(outer.tvalid & ~rst), outer.tready.eq(inner.tready & ~rst)]
+        out, inner = self.m_axis_out, core.m_axis_out
+        m.d.comb += [out.tdata.eq(inner.tdata), out.tlast.eq(inner.tlast),
+                     out.tvalid.eq(inner.tvalid & ~rst), inner.tready.eq(out.tready & ~rst)]
         m.d.comb += self.irq.eq(core.irq)
 
         bus, cb = self.s_axil, core.s_axil
