@@ -435,8 +435,9 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
     return results
 
 
-#: The configuration each board builds by default: the sweep's best lanes x Fmax with timing met
-#: (bitstreams/README.md lists the sweep).
+#: The configuration each board builds by default. Not yet a sweep's choice: lanes 32 at 60 MHz is the
+#: configuration whose place and route was started on the development machine (bitstreams/README.md,
+#: "Status"); replace it with ``sweep.json``'s ``chosen`` once the sweep has run.
 CHOSEN: dict[str, dict] = {
     "ulx3s-85f": {"lanes": 32, "freq_mhz": 60.0},
     "ecpix5-85f": {"lanes": 32, "freq_mhz": 60.0},
