@@ -23,6 +23,7 @@ help:
 	@echo "make sim       cocotb RTL regression of the core, slow cases included (SIM=verilator|icarus; builds cached in sim_build/)"
 	@echo "make eval      held-out perplexity and bits per byte of the shipped model (DEVICE=, MODEL=)"
 	@echo "make lint      ruff"
+	@echo "make bitstream BOARD=ulx3s-85f|ecpix5-85f|pynq-z2|kv260|zcu104|u55c   bitstreams/<BOARD>/ (BITSTREAM_ARGS=)"
 	@echo "make power     power of a 32-token generation, estimated on the default device: out/power/power.{csv,json,png}"
 	@echo "make bench     re-run the cheap benchmarks (cycle model, CPU baseline) and regenerate docs/PERFORMANCE.md"
 
@@ -83,6 +84,21 @@ sim: $(DEV_STAMP)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check host hw tests scripts bench sim
+
+# Bitstreams (bitstreams/README.md): ECP5 boards build here with the pip-installed YoWASP Yosys and nextpnr
+# (the synth extra); Xilinx boards get their generated Vivado/Vitis flows. BITSTREAM_ARGS= adds options of
+# `python -m hw.boards`, e.g. BITSTREAM_ARGS="--lanes 16 --freq-mhz 60" or "--sweep --lanes 16,32 --freq-mhz 60,75".
+BOARD ?=
+BITSTREAM_ARGS ?=
+SYNTH_STAMP := $(VENV)/.installed-synth
+$(SYNTH_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,synth]'
+	@touch $@ $(DEV_STAMP) $(RUN_STAMP)
+
+.PHONY: bitstream
+bitstream: $(SYNTH_STAMP)
+	@test -n "$(BOARD)" || { echo "usage: make bitstream BOARD=ulx3s-85f|ecpix5-85f|pynq-z2|kv260|zcu104|u55c"; exit 2; }
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m hw.boards $(BOARD) $(BITSTREAM_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build sim_build *.egg-info

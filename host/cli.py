@@ -250,6 +250,69 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_options(pairs: list[str] | None) -> dict:
+    """``KEY=VALUE`` pairs of ``--option`` as keyword options of the device (ints, floats, bools parsed)."""
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--option must be KEY=VALUE with a Python identifier as KEY, got {pair!r}")
+        v: Any = value
+        for conv in (int, float):
+            try:
+                v = conv(value)
+                break
+            except ValueError:
+                continue
+        if value.lower() in ("true", "false"):
+            v = value.lower() == "true"
+        out[key] = v
+    return out
+
+
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    from host.selftest import selftest
+
+    ids = None
+    if args.token_ids:
+        try:
+            ids = [int(x) for x in args.token_ids.split(",")]
+        except ValueError:
+            raise ValueError(f"--token-ids must be comma-separated integers, got {args.token_ids!r}") from None
+    options = _device_options(args.option)
+    with open_device(args.device, **options) as device:
+        checkpoint = _load_checkpoint(args.model)
+        res = selftest(device, checkpoint, tokens=ids)
+    for d in res.details:
+        print(f"token {d['position']} (id {d['token']}): {'bit-exact' if d['bit_exact'] else 'DIFFERENT'}, "
+              f"greedy {d['argmax']} (golden {d['golden_argmax']})"
+              + (", output packet compared" if d.get("packet_compared") else ""))
+    for line in res.mismatches:
+        print(f"  mismatch: {line}")
+    print(f"selftest {'PASS' if res.passed else 'FAIL'}: device {res.device} against golden, "
+          f"{_plural(len(res.tokens), 'token')} from a reset")
+    return 0 if res.passed else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from host.selftest import bench
+
+    if args.json is not None and not args.json.parent.is_dir():
+        raise ValueError(f"cannot write {args.json}: the directory {args.json.parent} does not exist")
+    options = _device_options(args.option)
+    with open_device(args.device, **options) as device:
+        checkpoint = _load_checkpoint(args.model)
+        rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
+    rep["model"] = str(args.model)
+    rep["device_options"] = options
+    rep["command"] = " ".join(["mmfree", *getattr(args, "argv", [])])
+    text = json.dumps(rep, indent=2, sort_keys=True, default=str)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def _git_revision() -> str | None:
     import subprocess
 
@@ -383,7 +446,8 @@ def _print_power(summary: dict, board: str, source: str, args: argparse.Namespac
 def _device_help() -> str:
     known = ", ".join(f"{n} ({e.summary})" for n, e in DEVICES.items())
     planned = ", ".join(PLANNED_DEVICES)
-    return f"device to run on (default: {DEFAULT_DEVICE}); available: {known}; planned: {planned}"
+    return (f"device to run on (default: {DEFAULT_DEVICE}); available: {known}"
+            + (f"; planned: {planned}" if planned else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -493,6 +557,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S",
                    help=f"random seed (default: {DEFAULT_SEED})")
     p.set_defaults(func=_cmd_power)
+
+    st = sub.add_parser("selftest", help="one token through the device, compared bit for bit with the golden device "
+                                         "(PASS: exit 0, FAIL: exit 1)")
+    common(st)
+    st.add_argument("--token-ids", default=None, metavar="IDS",
+                    help="comma-separated token ids to run from a reset (default: the model's BOS)")
+    st.add_argument("--option", action="append", metavar="KEY=VALUE",
+                    help="a device option, e.g. bitstream=mmfree.bit (pynq), xclbin=mmfree.xclbin (xrt), "
+                         "lanes=16 (rtl)")
+    st.set_defaults(func=_cmd_selftest)
+
+    from host.perf import BOARDS as PERF_BOARDS
+
+    bn = sub.add_parser("bench", help="greedy decode on the device: tokens/s, GB/s, cycles per token, %% of the "
+                                      "roofline (JSON)")
+    common(bn)
+    bn.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to decode (default: 16)")
+    bn.add_argument("--board", choices=sorted(PERF_BOARDS), default="kv260",
+                    help="whose roofline to compare with (default: kv260)")
+    bn.add_argument("--fmax-mhz", type=float, default=None, metavar="MHZ",
+                    help="core clock for the cycle-based rate (default: the board's)")
+    bn.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the JSON to OUT")
+    bn.add_argument("--option", action="append", metavar="KEY=VALUE", help="a device option (as for selftest)")
+    bn.set_defaults(func=_cmd_bench)
     return parser
 
 
@@ -515,6 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): return it instead of exiting
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -66,7 +66,7 @@ def test_model_is_a_file(capsys, tmp_path):
     (["--max-new-tokens", "-1"], "max-new-tokens"),
     (["--seed", "-5"], "seed"),
     (["--device", "nope"], "reference"),
-    (["--device", "pynq"], "not implemented"),
+    (["--device", "pynq"], "pynq package"),   # no pynq off the board: a clear error, before the model loads
 ])
 def test_generate_bad_arguments(capsys, tmp_path, args, word):
     # checked before the model is loaded: the model directory does not even exist

@@ -68,16 +68,16 @@ DEVICES: dict[str, DeviceEntry] = {
                              "float numpy model (host.reference): the accuracy yardstick"),
     "rtl": DeviceEntry("host.devices.rtl", "RtlDevice",
                        "Verilated hw/ core (host.devices.rtl): the golden device's bits, hardware cycle counts"),
-    # Planned; move each here from PLANNED_DEVICES when its module exists:
-    # "pynq":   DeviceEntry("host.devices.pynq", "PynqDevice", "Zynq board through pynq (Overlay, AxiDMA)"),
-    # "xrt":    DeviceEntry("host.devices.xrt", "XrtDevice", "Alveo card through pyxrt (kernel, bo)"),
+    "ecp5": DeviceEntry("host.devices.ecp5", "Ecp5Device",
+                        "ULX3S / ECPIX-5 (ECP5) board over its serial port (bitstreams/<board>, pyserial)"),
+    "pynq": DeviceEntry("host.devices.pynq", "PynqDevice",
+                        "Zynq / Zynq US+ board through pynq (host.devices.pynq: Overlay, AXI DMA, MMIO)"),
+    "xrt": DeviceEntry("host.devices.xrt", "XrtDevice",
+                       "Alveo card through pyxrt (host.devices.xrt: RTL kernel, HBM buffer objects)"),
 }
 
 #: Devices the design names but that are not written yet: opening one gives a clear DeviceError.
-PLANNED_DEVICES: dict[str, str] = {
-    "pynq": "Zynq / Zynq US+ board through pynq (Overlay, AxiDMA, MMIO)",
-    "xrt": "Alveo card through pyxrt (kernel, buffer objects)",
-}
+PLANNED_DEVICES: dict[str, str] = {}
 
 #: Device used when none is named (the CLI's ``--device`` default). Becomes "golden" once it exists.
 DEFAULT_DEVICE = "golden"

@@ -1,0 +1,86 @@
+"""``python -m hw.boards BOARD [--out DIR] [options]``: build a board's bitstream (what ``make bitstream`` runs).
+
+ECP5 boards (:data:`hw.boards.ecp5.BOARDS`) build here with the open toolchain; Xilinx boards
+(``hw.boards.xilinx.BOARDS``) are handed to ``hw.boards.xilinx.build``. ``--sweep`` builds the ECP5
+configurations given by ``--lanes``/``--freq-mhz`` (comma lists) and records them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+
+def _xilinx():
+    try:
+        return importlib.import_module("hw.boards.xilinx")
+    except ImportError as exc:
+        if exc.name != "hw.boards.xilinx":
+            raise
+        return None
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hw.boards import ecp5
+
+    xil = _xilinx()
+    xboards = sorted(getattr(xil, "BOARDS", ())) if xil else []
+    known = sorted(ecp5.BOARDS) + xboards
+    ap = argparse.ArgumentParser(prog="python -m hw.boards", description=__doc__.split("\n\n")[0])
+    ap.add_argument("board", help=f"one of: {', '.join(known) or '(none)'}"
+                    + ("" if xil else " (Xilinx boards need hw/boards/xilinx.py)"))
+    ap.add_argument("--out", type=Path, help="output folder (default bitstreams/<board>/)")
+    ap.add_argument("--lanes", default=None, help="ECP5: trits per cycle (comma list with --sweep)")
+    ap.add_argument("--freq-mhz", default=None, help="ECP5: target core clock in MHz (comma list with --sweep)")
+    ap.add_argument("--baud", type=int, default=3_000_000, help="ECP5: UART rate (default 3000000)")
+    ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
+    ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
+    ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
+                    help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
+    args = ap.parse_args(argv)
+
+    if args.board in ecp5.BOARDS and args.publish:
+        try:
+            ecp5.publish(args.board, args.publish, args.out)
+        except ValueError as exc:
+            print(f"python -m hw.boards: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.board in ecp5.BOARDS:
+        chosen = ecp5.CHOSEN.get(args.board, {})
+        lanes = _ints(args.lanes) if args.lanes else [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]
+        freqs = _floats(args.freq_mhz) if args.freq_mhz else [chosen.get("freq_mhz", 60.0)]
+        if args.sweep:
+            res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud}
+                                          for n in lanes for f in freqs])
+            print(json.dumps([{k: r.get(k) for k in ("lanes", "target_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")}
+                              for r in res], indent=1))
+            return 0
+        if len(lanes) != 1 or len(freqs) != 1:
+            ap.error("several --lanes/--freq-mhz values need --sweep")
+        return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed, lanes=lanes[0])
+    if args.board in xboards:
+        out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
+        params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}
+        return int(xil.build(args.board, out, **params) or 0)
+    if xil is None:
+        print(f"unknown board {args.board!r}: ECP5 boards are {', '.join(sorted(ecp5.BOARDS))}; the Xilinx flows "
+              f"(pynq-z2, kv260, zcu104, u55c) need hw/boards/xilinx.py, which is not in this tree", file=sys.stderr)
+    else:
+        print(f"unknown board {args.board!r}; known: {', '.join(known)}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

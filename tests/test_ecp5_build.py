@@ -1,0 +1,101 @@
+# amaranth: UnusedElaboratable=no
+"""ECP5 board builds (hw.boards.ecp5, python -m hw.boards): PLL settings, parameter checks, the nextpnr
+report parser, the dispatcher, the committed reports; the toolchain run itself is `make bitstream`
+(minutes to hours), and the committed bitstreams are checked here for what they claim."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hw.boards import __main__ as dispatcher
+from hw.boards import ecp5
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("f_in,f_out", [(25e6, 60e6), (100e6, 60e6), (25e6, 75e6), (100e6, 50e6)])
+def test_pll_config_is_exact_and_within_limits(f_in, f_out):
+    p = ecp5.pll_config(f_in, f_out)
+    assert p["f_out"] == pytest.approx(f_out)
+    assert f_in / p["clki_div"] * p["clkfb_div"] == pytest.approx(f_out)
+    assert 3.125e6 <= f_in / p["clki_div"] <= 400e6
+    assert 400e6 <= p["f_vco"] <= 800e6
+    assert p["f_vco"] == pytest.approx(p["f_out"] * p["clkop_div"])
+
+
+def test_pll_config_refuses_what_it_cannot_make():
+    with pytest.raises(ValueError, match="no EHXPLLL setting"):
+        ecp5.pll_config(25e6, 51e6)         # needs a 1 MHz phase detector input
+
+
+def test_top_checks_the_link_parameters():
+    with pytest.raises(ValueError, match="one 64-bit weight channel"):
+        ecp5.Ecp5Top(core_params={**ecp5.DEFAULT_PARAMS, "channels": 2}, clk_in_hz=25e6, freq_hz=60e6, baud=3_000_000)
+    with pytest.raises(ValueError, match="baud"):
+        ecp5.Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=60e6, baud=7_000_000)
+    top = ecp5.Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=60e6, baud=3_000_000)
+    assert top.divisor == 20
+
+
+def test_build_refuses_bad_requests(tmp_path):
+    with pytest.raises(ValueError, match="unknown ECP5 board"):
+        ecp5.build("icebreaker", tmp_path)
+    with pytest.raises(ValueError, match="below the 50 MHz"):
+        ecp5.build("ulx3s-85f", tmp_path, freq_mhz=40)
+    with pytest.raises(ValueError, match="FT231X"):
+        ecp5.build("ulx3s-85f", tmp_path, baud=6_000_000)
+
+
+def test_nextpnr_report_parser(tmp_path):
+    (tmp_path / "nextpnr_report.json").write_text(json.dumps({
+        "fmax": {"$glbnet$clk": {"achieved": 63.21, "constraint": 60.0},
+                 "$glbnet$clk25_0__i": {"achieved": 400.0, "constraint": 25.0}},
+        "utilization": {"TRELLIS_COMB": {"used": 41000, "available": 83640},
+                        "DP16KD": {"used": 100, "available": 208}, "EHXPLLL": {"used": 1, "available": 4},
+                        "DCCA": {"used": 0, "available": 56}}}))
+    (tmp_path / "top.tim").write_text("Info: Max frequency for clock '$glbnet$clk': 63.21 MHz (PASS at 60.00 MHz)\n")
+    r = ecp5._parse_nextpnr(tmp_path, "top")
+    assert r["clocks"]["$glbnet$clk"] == {"achieved_mhz": 63.21, "target_mhz": 60.0, "log_verdict": "PASS"}
+    assert r["utilisation"]["DP16KD"] == {"used": 100, "available": 208, "percent": 48.1}
+    assert "DCCA" not in r["utilisation"]
+
+
+def test_dispatcher_rejects_unknown_boards(capsys):
+    assert dispatcher.main(["no-such-board"]) == 2
+    assert "ulx3s-85f" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("board", sorted(ecp5.BOARDS))
+def test_committed_bitstream_report(board):
+    d = ROOT / "bitstreams" / board
+    if not (d / "report.json").exists():
+        pytest.skip(f"no committed build for {board}")
+    rep = json.loads((d / "report.json").read_text())
+    assert rep["board"] == board and rep["status"] == "built"
+    assert rep["timing_met"] is True
+    assert rep["fmax_mhz"] >= rep["target_mhz"] >= 50
+    bit = d / rep["bitstream"]
+    assert bit.stat().st_size == rep["bitstream_bytes"] > 100_000
+    assert rep["lanes"] == rep["params"]["lanes"] and rep["channels"] == 1 and rep["bus_bits"] == 64
+    assert rep["utilisation"]["TRELLIS_COMB"]["used"] <= rep["utilisation"]["TRELLIS_COMB"]["available"]
+
+
+def test_publish_copies_only_closed_timing(tmp_path):
+    bdir = tmp_path / "l32_f60_s1"
+    bdir.mkdir()
+    (bdir / "top.bit").write_bytes(b"\xff" * 1000)
+    rep = {"board": "ulx3s-85f", "status": "built", "timing_met": False, "fmax_mhz": 55.0, "target_mhz": 60.0,
+           "lanes": 32}
+    (bdir / "report.json").write_text(json.dumps(rep))
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="timing not met"):
+        ecp5.publish("ulx3s-85f", bdir, out)
+    assert not (out / "ulx3s-85f.bit").exists()
+    with pytest.raises(ValueError, match="not 'ecpix5-85f'"):
+        ecp5.publish("ecpix5-85f", bdir, out)
+    rep.update(timing_met=True, fmax_mhz=61.5)
+    (bdir / "report.json").write_text(json.dumps(rep))
+    bit = ecp5.publish("ulx3s-85f", bdir, out)
+    assert bit.read_bytes() == b"\xff" * 1000
+    assert json.loads((out / "report.json").read_text())["bitstream_bytes"] == 1000
