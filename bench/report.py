@@ -290,6 +290,9 @@ def _resources(rep: dict) -> tuple[str, str]:
         return ", ".join(items), "measured (place and route report)"
     est = rep.get("estimate") or rep.get("resources")
     if isinstance(est, dict) and est:
+        if est.get("status") not in (None, "ok"):
+            return (f"**estimate not obtained** (`status: {est.get('status')}`; the reason is in the board's "
+                    "`report.json`)", "ESTIMATE (Yosys synth, not run to completion)")
         inner = est.get("resources", est)
         items = [f"{k} {fmt(v) if isinstance(v, (int, float)) else v}" for k, v in inner.items()
                  if isinstance(v, (int, float, str)) and k not in ("note",)]
