@@ -45,6 +45,10 @@ for _p in (REPO, REPO / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+# The golden device's OpenMP wait policy (host/devices/golden.py), for every OpenMP runtime of the process:
+# libgomp reads it once, when it starts, and torch starts it first here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np  # noqa: E402
 from _common import RESULTS, provenance, write_json  # noqa: E402
 
