@@ -126,7 +126,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    with open_device(args.device) as device:
+    with open_device(args.device, **_device_options(args.option)) as device:
         checkpoint = _load_checkpoint(args.model)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
@@ -178,7 +178,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.json is not None:
         _check_writable(args.json, "--json")
     text = read_text_file(args.text)
-    with open_device(args.device) as device:
+    with open_device(args.device, **_device_options(args.option)) as device:
         checkpoint = _load_checkpoint(args.model)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
@@ -228,16 +228,19 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from host.image import disassemble, parse_image
     from hw.isa import TritPacking
 
-    if args.out is not None and not args.out.parent.is_dir():
-        raise ValueError(f"cannot write {args.out}: the directory {args.out.parent} does not exist")
+    if args.out is not None:
+        _check_writable(args.out, "--out")
     checkpoint = _load_checkpoint(args.model)
     options = CompileOptions(packing=TritPacking[args.packing.upper()], channels=args.channels,
                              output_gate=args.output_gate)
     image = compile_model(checkpoint.weights, options)
     if args.out is not None:
         tmp = args.out.with_name(args.out.name + ".partial")
-        tmp.write_bytes(image)
-        tmp.replace(args.out)
+        try:
+            tmp.write_bytes(image)
+            tmp.replace(args.out)
+        finally:
+            tmp.unlink(missing_ok=True)
     parsed = parse_image(image)
     info = parsed.info
     if args.listing:
@@ -245,7 +248,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(disassemble(parsed, names=names))
     cfg = checkpoint.config
     print(f"image {_fmt_bytes(len(image))} ({len(image):,} bytes), {info.n_instructions} instructions, "
-          f"{info.packing.name}, {info.channels} channel(s), {cfg.n_trits * 8 / len(image):.2f} trits/byte overall"
+          f"{info.packing.name}, {info.channels} channel(s), {cfg.n_trits / len(image):.2f} trits/byte overall"
           + (f" -> {args.out}" if args.out is not None else ""), file=sys.stderr)
     return 0
 
@@ -297,8 +300,10 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from host.selftest import bench
 
-    if args.json is not None and not args.json.parent.is_dir():
-        raise ValueError(f"cannot write {args.json}: the directory {args.json.parent} does not exist")
+    if args.json is not None:
+        _check_writable(args.json, "--json")
+    if args.fmax_mhz is not None and not args.fmax_mhz > 0:
+        raise ValueError(f"--fmax-mhz must be positive, not {args.fmax_mhz}")
     options = _device_options(args.option)
     with open_device(args.device, **options) as device:
         checkpoint = _load_checkpoint(args.model)
@@ -357,7 +362,7 @@ def _cmd_power(args: argparse.Namespace) -> int:
     try:
         board = get_board(args.board)
         kind, _ = parse_spec(args.source)
-        with open_device(args.device) as device:
+        with open_device(args.device, **_device_options(args.option)) as device:
             source = make_source(args.source, board, device=device, i2c_bus=args.i2c_bus,
                                  i2c_address=args.i2c_address, i2c_force=args.i2c_force, xrt_device=xrt_device,
                                  csv_offset_s=args.csv_offset, static_w=args.static_w)
@@ -461,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
                             f"default: {DEFAULT_MODEL}")
         if device:
             p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help=_device_help())
+            p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                           help="a device option, repeatable, e.g. lanes=16 (rtl), bitstream=mmfree.bit (pynq), "
+                                "xclbin=mmfree.xclbin (xrt)")
 
     g = sub.add_parser("generate", help="generate text after a prompt, streamed as it is produced")
     common(g)
@@ -563,9 +571,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(st)
     st.add_argument("--token-ids", default=None, metavar="IDS",
                     help="comma-separated token ids to run from a reset (default: the model's BOS)")
-    st.add_argument("--option", action="append", metavar="KEY=VALUE",
-                    help="a device option, e.g. bitstream=mmfree.bit (pynq), xclbin=mmfree.xclbin (xrt), "
-                         "lanes=16 (rtl)")
     st.set_defaults(func=_cmd_selftest)
 
     from host.perf import BOARDS as PERF_BOARDS
@@ -579,7 +584,6 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--fmax-mhz", type=float, default=None, metavar="MHZ",
                     help="core clock for the cycle-based rate (default: the board's)")
     bn.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the JSON to OUT")
-    bn.add_argument("--option", action="append", metavar="KEY=VALUE", help="a device option (as for selftest)")
     bn.set_defaults(func=_cmd_bench)
     return parser
 

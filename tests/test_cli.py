@@ -319,3 +319,28 @@ def test_print_cycles_of_the_rtl_device(capsys):
     _print_cycles(_CountingDevice("rtl", {"hw_cycles": 0, "hw_tokens": 0}, None))   # no token yet: silent
     _print_cycles(_CountingDevice("reference", {}))                                  # no cycle counters
     assert capsys.readouterr().err == ""
+
+
+def test_compile_writes_image_and_reports_density(monkeypatch, capsys, tmp_path):
+    from host.image import parse_image
+
+    checkpoint = tiny_checkpoint(tokenizer=False)
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: checkpoint)
+    out = tmp_path / "model.img"
+    assert cli.main(["compile", "--out", str(out)]) == 0
+    image = out.read_bytes()
+    parse_image(image)  # a valid image
+    assert not (tmp_path / "model.img.partial").exists()
+    density = float(re.search(r"([\d.]+) trits/byte overall", capsys.readouterr().err).group(1))
+    # trits per byte of the whole image: at most 5 (base-3 packing), headers and constants take the rest
+    assert 0 < density <= 5
+    assert density == pytest.approx(checkpoint.config.n_trits / len(image), abs=0.01)
+
+
+def test_compile_out_is_a_directory_leaves_nothing(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: tiny_checkpoint(tokenizer=False))
+    target = tmp_path / "dir"
+    target.mkdir()
+    assert cli.main(["compile", "--out", str(target)]) == 2
+    assert "--out is a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]

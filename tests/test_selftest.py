@@ -85,6 +85,12 @@ def test_bench_bad_arguments(capsys, tmp_path):
     assert cli.main(["bench", "--tokens", "0"]) == 2
     assert "tokens" in capsys.readouterr().err
     assert cli.main(["bench", "--json", str(tmp_path / "no" / "x.json")]) == 2
+    capsys.readouterr()
+    assert cli.main(["bench", "--json", str(tmp_path)]) == 2
+    assert "--json is a directory" in capsys.readouterr().err
+    for bad in ("0", "-5"):
+        assert cli.main(["bench", "--fmax-mhz", bad]) == 2
+        assert "fmax" in capsys.readouterr().err
 
 
 def _rtl_or_skip():
