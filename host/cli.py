@@ -253,6 +253,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version (``mmfree-fpga``), or ``unknown`` when run from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mmfree-fpga")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _device_options(pairs: list[str] | None) -> dict:
     """``KEY=VALUE`` pairs of ``--option`` as keyword options of the device (ints, floats, bools parsed)."""
     out: dict[str, Any] = {}
@@ -458,6 +468,7 @@ def _device_help() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``mmfree`` argument parser (subcommands ``generate``, ``eval``, ``compile``, ``info``)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Host runtime of the MatMul-free LM accelerator.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, *, device: bool = True) -> None:

@@ -344,3 +344,8 @@ def test_compile_out_is_a_directory_leaves_nothing(monkeypatch, capsys, tmp_path
     assert cli.main(["compile", "--out", str(target)]) == 2
     assert "--out is a directory" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert re.fullmatch(r"mmfree (\d+\.\d+\.\d+\S*|unknown)\n", capsys.readouterr().out)
