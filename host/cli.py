@@ -358,6 +358,8 @@ def _cmd_power(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget must be a positive number of watts, got {args.budget}")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.device not in DEVICES:   # the device's own error (unknown or planned) before any other
+        open_device(args.device)
     if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("the plot needs matplotlib (pip install matplotlib, or the dev extra); pass --no-plot to "
                          "write only the CSV and JSON")

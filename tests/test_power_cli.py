@@ -134,3 +134,13 @@ def test_measured_meter_log_end_to_end(capsys, fake_model, tmp_path):
     assert report["budget"]["rails"] == ["board_in"]
     assert report["total"]["mean_w"] == pytest.approx(6.0) and report["total"]["above_idle_w"] == pytest.approx(0.0)
     assert report["idle"]["seconds"] == pytest.approx(0.2, abs=0.1)
+
+
+def test_unknown_device_named_before_the_plot_check(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert power(tmp_path, "--device", "nope") == 2
+    line = error_line(capsys)
+    assert "unknown device 'nope'" in line and "matplotlib" not in line
