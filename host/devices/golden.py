@@ -38,8 +38,9 @@ _BITS2 = np.stack([isa.BITS2_DECODE[(np.arange(256) >> s) & 3] for s in (0, 2, 4
 
 #: OpenMP wait policy of the parallel GEMV (numba's ``omp`` threading layer reads it when it starts; a user's
 #: own setting wins). GNU libgomp's default lets idle threads spin, so that when any other process holds one
-#: of the cores the GEMV's threads wait on each other's time slices: on two cores with one busy, 40 tokens of
-#: the shipped model ran at 2.9 tokens/s with the default and 106 tokens/s with ``passive`` (1 thread: 111).
+#: of the cores the GEMV's threads wait on each other's time slices. bench/bench_cpu.py on two cores with one
+#: busy gives 107 tokens/s with ``passive`` (bench/results/cpu.json); its earlier result with the default
+#: policy, at load 11-13, is in that file's git history: 4.4 tokens/s.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
