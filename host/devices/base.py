@@ -37,7 +37,7 @@ import numpy as np
 
 from host.model import HGRNBitConfig, ModelWeights
 
-__all__ = ["CheckpointLike", "Device", "DeviceError", "DeviceState", "weights_of"]
+__all__ = ["CheckpointLike", "Device", "DeviceError", "DeviceState", "ReplayLogDevice", "weights_of"]
 
 
 class DeviceError(RuntimeError):
@@ -443,3 +443,52 @@ class Device(abc.ABC):
         self._counters["tokens"] += n
         self._counters["prefill_calls"] += 1
         self._counters["prefill_tokens"] += n
+
+
+class ReplayLogDevice(Device):
+    """A :class:`Device` whose recurrent state the host cannot read (it stays in the core's state memory):
+    the saved state is the token ids run since the last reset, and restoring it replays them.
+
+    Subclasses implement ``_run(token_id, position)`` (one token on the core; its result goes through
+    :meth:`_logits`) and ``_reset()``, which resets the core and must empty ``self._log`` and clear
+    ``self._lost``. ``self._lost`` set by a subclass (say, after a time-out reset the core) makes the next
+    step replay the log first. Replayed tokens count in ``counters()["replayed_tokens"]``.
+    """
+
+    _log: list[int]
+    _lost: bool
+
+    def _run(self, token_id: int, position: int) -> Any:
+        raise NotImplementedError
+
+    def _logits(self, result: Any) -> np.ndarray:
+        """The logits of one :meth:`_run` result (default: the result is the logits)."""
+        return result
+
+    def _replay(self, ids: Sequence[int]) -> None:
+        """Reset, then run ``ids`` from position 0 (recomputes the state they lead to)."""
+        self._reset()
+        for t in ids:
+            self._run(int(t), len(self._log))
+            self._log.append(int(t))
+            self._counters["replayed_tokens"] += 1
+
+    def _step(self, token_id: int) -> np.ndarray:
+        if self._lost:
+            self._replay(list(self._log))
+        logits = self._logits(self._run(token_id, len(self._log)))
+        self._log.append(int(token_id))
+        return logits
+
+    def _save_state(self) -> Any:
+        return tuple(self._log)
+
+    def _restore_state(self, payload: Any) -> None:
+        ids = [int(t) for t in payload]
+        if not self._lost and ids[:len(self._log)] == self._log:
+            for t in ids[len(self._log):]:   # the saved sequence extends the current one: run the rest
+                self._run(t, len(self._log))
+                self._log.append(t)
+                self._counters["replayed_tokens"] += 1
+            return
+        self._replay(ids)

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from host.devices.base import Device, DeviceError
+from host.devices.base import DeviceError, ReplayLogDevice
 from host.image import ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
@@ -54,7 +52,7 @@ def read_id_block(read) -> dict[str, int]:
     return {name: int(read(off)) & 0xFFFFFFFF for off, name in names.items()}
 
 
-class BoardDevice(Device):
+class BoardDevice(ReplayLogDevice):
     """A core on a board behind :class:`~host.devices.base.Device` (see the module docstring).
 
     Subclasses implement the transport: :meth:`_reg_read`, :meth:`_reg_write` (core-relative offsets),
@@ -250,35 +248,8 @@ class BoardDevice(Device):
             raise DeviceError(f"device {self.name!r}: output packet for position {pkt.position}, expected {position}")
         return pkt.logits()
 
-    def _replay(self, ids: Sequence[int]) -> None:
-        self._soft_reset()
-        for t in ids:
-            self._run(int(t), len(self._log))
-            self._log.append(int(t))
-            self._counters["replayed_tokens"] += 1
-
-    def _step(self, token_id: int) -> np.ndarray:
-        if self._lost:
-            self._replay(list(self._log))
-        logits = self._run(token_id, len(self._log))
-        self._log.append(int(token_id))
-        return logits
-
     def _reset(self) -> None:
         self._soft_reset()
-
-    def _save_state(self) -> Any:
-        return tuple(self._log)
-
-    def _restore_state(self, payload: Any) -> None:
-        ids = [int(t) for t in payload]
-        if not self._lost and ids[:len(self._log)] == self._log:
-            for t in ids[len(self._log):]:
-                self._run(t, len(self._log))
-                self._log.append(t)
-                self._counters["replayed_tokens"] += 1
-            return
-        self._replay(ids)
 
     def _close(self) -> None:
         self._release()

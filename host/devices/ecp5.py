@@ -23,12 +23,11 @@ import os
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from host.devices.base import Device, DeviceError
+from host.devices.base import DeviceError, ReplayLogDevice
 from host.image import ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
@@ -200,7 +199,7 @@ class UartLink:
             raise ValueError(f"register address must be a word in 0..0x{_R.SIZE - 4:x}, got {addr!r}")
 
 
-class Ecp5Device(Device):
+class Ecp5Device(ReplayLogDevice):
     """An ECP5 board (``bitstreams/ulx3s-85f`` or ``bitstreams/ecpix5-85f``) over its serial port.
 
     Parameters
@@ -241,7 +240,7 @@ class Ecp5Device(Device):
         self._emb: np.ndarray | None = None
         self._frac = 0
         self._log: list[int] = []
-        self._log_lost = False
+        self._lost = False
         self._base = {c: 0 for c in Counter}
         self._counters.update({f"hw_{c.name.lower()}": 0 for c in Counter})
         self._counters.update({"link_bytes": 0, "link_ns": 0, "replayed_tokens": 0})
@@ -352,7 +351,7 @@ class Ecp5Device(Device):
         except LinkTimeout:
             link.resync()
             link.reset_core()
-            self._log_lost = True
+            self._lost = True
             raise
         self._counters["link_bytes"] += len(packet) + len(self._stream)
         self._counters["link_ns"] += time.perf_counter_ns() - t0
@@ -375,38 +374,11 @@ class Ecp5Device(Device):
         except ValueError as exc:
             raise DeviceError(f"device 'ecp5': bad output packet from the core: {exc}") from exc
 
-    def _replay(self, ids: Sequence[int]) -> None:
-        self._reset()
-        for t in ids:
-            self._run(int(t), len(self._log))
-            self._log.append(int(t))
-            self._counters["replayed_tokens"] += 1
-
-    def _step(self, token_id: int) -> np.ndarray:
-        if self._log_lost:
-            self._replay(list(self._log))
-        logits = self._run(token_id, len(self._log))
-        self._log.append(int(token_id))
-        return logits
-
     def _reset(self) -> None:
         self.link.reset_core()
         self._base = {c: 0 for c in Counter}
         self._log = []
-        self._log_lost = False
-
-    def _save_state(self) -> Any:
-        return tuple(self._log)
-
-    def _restore_state(self, payload: Any) -> None:
-        ids = [int(t) for t in payload]
-        if not self._log_lost and ids[:len(self._log)] == self._log:
-            for t in ids[len(self._log):]:
-                self._run(t, len(self._log))
-                self._log.append(t)
-                self._counters["replayed_tokens"] += 1
-            return
-        self._replay(ids)
+        self._lost = False
 
     def _close(self) -> None:
         if self.link is not None:

@@ -54,11 +54,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from host.devices.base import Device, DeviceError
+from host.devices.base import DeviceError, ReplayLogDevice
 from host.image import ParsedImage, const_section_bytes, parse_image
 from host.model import ModelWeights
 from host.perf import BuildParams, token_counters
@@ -316,7 +315,7 @@ class Harness:
             pass
 
 
-class RtlDevice(Device):
+class RtlDevice(ReplayLogDevice):
     """The Verilated core (``hw.top.Accelerator``) as a device: the golden device's bits, real cycle counts.
 
     Parameters
@@ -515,23 +514,9 @@ class RtlDevice(Device):
         self.last = run
         return run
 
-    def _replay(self, ids: Sequence[int]) -> None:
-        """Hard reset, then run ``ids`` from position 0 (restores the state they lead to)."""
-        self.harness.reset()
-        self._log = []
-        self._lost = False
-        for pos, t in enumerate(ids):
-            self._run(int(t), pos)
-            self._log.append(int(t))
-            self._counters["replayed_tokens"] += 1
-
-    def _step(self, token_id: int) -> np.ndarray:
+    def _logits(self, run: TokenRun) -> np.ndarray:
         from host.devices.golden import parse_output_packet
 
-        if self._lost:
-            self._replay(list(self._log))
-        run = self._run(token_id, len(self._log))
-        self._log.append(int(token_id))
         try:
             return parse_output_packet(run.output).logits()
         except ValueError as exc:
@@ -541,20 +526,6 @@ class RtlDevice(Device):
         self.harness.reset()
         self._log = []
         self._lost = False
-
-    def _save_state(self) -> Any:
-        return tuple(self._log)
-
-    def _restore_state(self, payload: Any) -> None:
-        ids = [int(t) for t in payload]
-        cur = self._log
-        if not self._lost and ids[:len(cur)] == cur:
-            for t in ids[len(cur):]:        # the saved sequence extends the current one: run the rest
-                self._run(t, len(self._log))
-                self._log.append(t)
-                self._counters["replayed_tokens"] += 1
-            return
-        self._replay(ids)
 
     def _close(self) -> None:
         if self.harness is not None:
