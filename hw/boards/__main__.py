@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="output folder (default bitstreams/<board>/)")
     ap.add_argument("--lanes", default=None, help="ECP5: trits per cycle (comma list with --sweep)")
     ap.add_argument("--freq-mhz", default=None, help="ECP5: target core clock in MHz (comma list with --sweep)")
+    ap.add_argument("--quant-lanes", type=int, default=None,
+                    help="ECP5: codes re-quantized per cycle (default 8)")
     ap.add_argument("--baud", type=int, default=3_000_000, help="ECP5: UART rate (default 3000000)")
     ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
@@ -62,14 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         lanes = _ints(args.lanes) if args.lanes else [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]
         freqs = _floats(args.freq_mhz) if args.freq_mhz else [chosen.get("freq_mhz", 60.0)]
         if args.sweep:
-            res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud}
+            res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
+                                           **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
                                           for n in lanes for f in freqs])
             print(json.dumps([{k: r.get(k) for k in ("lanes", "target_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")}
                               for r in res], indent=1))
             return 0
         if len(lanes) != 1 or len(freqs) != 1:
             ap.error("several --lanes/--freq-mhz values need --sweep")
-        return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed, lanes=lanes[0])
+        extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
+        return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed, lanes=lanes[0],
+                          **extra)
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
         params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}

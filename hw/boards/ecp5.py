@@ -248,6 +248,13 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
     return {"clocks": clocks, "utilisation": util}
 
 
+def build_tag(core: dict, freq_mhz: float, seed: int) -> str:
+    """The build folder name of a configuration: ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>`` (the quantize
+    lanes only where they differ from :data:`DEFAULT_PARAMS`)."""
+    q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
+    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}"
+
+
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
           build_root: Path | None = None, write_bitstream_dir: bool = True,
           **params) -> int:
@@ -293,7 +300,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     if baud > info.max_baud:
         raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
     core = {**DEFAULT_PARAMS, **params}
-    tag = f"l{core['lanes']}_f{freq_mhz:g}_s{seed}"
+    tag = build_tag(core, freq_mhz, seed)
+    q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
     mod, cls = info.platform.split(":")
@@ -324,7 +332,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "git_revision": _git_revision(), "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
             REPO_ROOT) else str(bdir),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}",
+        "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
+                   + (f" --quant-lanes {core['quant_lanes']}" if q else ""),
     }
     if (bdir / "nextpnr_report.json").exists():
         report.update(_parse_nextpnr(bdir, "top"))
@@ -396,7 +405,8 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
     rows = []
     for rep_path in sorted((REPO_ROOT / "build" / "boards" / board).glob("*/report.json")):
         r = json.loads(rep_path.read_text())
-        rows.append({"config": rep_path.parent.name, "lanes": r["lanes"], "target_mhz": r["target_mhz"],
+        rows.append({"config": rep_path.parent.name, "lanes": r["lanes"],
+                     "quant_lanes": r.get("params", {}).get("quant_lanes"), "target_mhz": r["target_mhz"],
                      "fmax_mhz": r.get("fmax_mhz"), "timing_met": r.get("timing_met", False),
                      "status": r.get("status"), "lanes_x_target": round(r["lanes"] * r["target_mhz"], 1),
                      "lut4": r.get("utilisation", {}).get("TRELLIS_COMB", {}).get("used"),
@@ -425,7 +435,7 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         seed = cfg.pop("seed", 1)
         rc = build(board, out_dir, freq_mhz=freq, seed=seed, write_bitstream_dir=False,
                    **cfg)
-        tag = f"l{cfg.get('lanes', DEFAULT_PARAMS['lanes'])}_f{freq:g}_s{seed}"
+        tag = build_tag({**DEFAULT_PARAMS, **cfg}, freq, seed)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)
