@@ -286,6 +286,10 @@ def _device_options(pairs: list[str] | None) -> dict:
 def _cmd_selftest(args: argparse.Namespace) -> int:
     from host.selftest import selftest
 
+    if args.device == "reference":
+        raise ValueError("selftest compares an accelerator bit for bit with the golden device; 'reference' is the "
+                         "float32 model of the paper, not bit-exact by design (docs/NUMERICS.md): compare it with "
+                         "`mmfree eval` instead")
     ids = None
     if args.token_ids:
         try:

@@ -56,6 +56,12 @@ def test_selftest_device_error_is_exit_2(pynq_board, capsys):
     assert "ID magic" in capsys.readouterr().err
 
 
+def test_selftest_refuses_the_float_reference(capsys):
+    assert cli.main(["selftest", "--device", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "not bit-exact by design" in err and "mmfree eval" in err
+
+
 def test_bad_option_syntax(capsys):
     assert cli.main(["selftest", "--option", "=3"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
