@@ -398,8 +398,10 @@ class Epilogue(wiring.Component):
             sel = Signal(range(MAX_OPS), name=f"{name}_stage", reset_less=True)
             en = Signal(name=f"{name}_en", reset_less=True)
             offset = Signal(range(_DELAY_DEPTH), name=f"{name}_delay", reset_less=True)
-            m.d.sync += [sel.eq(sel_c), en.eq(en_c),
-                         offset.eq((MAX_OPS * STAGE_LATENCY - 2) - sel_c * STAGE_LATENCY)]
+            # the delay from stage s's a1 to the exit (a table: no multiplier)
+            delays = Array([Const(MAX_OPS * STAGE_LATENCY - 2 - s * STAGE_LATENCY, range(_DELAY_DEPTH))
+                            for s in range(MAX_OPS)])
+            m.d.sync += [sel.eq(sel_c), en.eq(en_c), offset.eq(delays[sel_c])]
             src = Signal(INT32, name=f"{name}_src")
             m.d.comb += src.eq(Array(avals)[sel])
             return _delay_line(m, f"{name}_delay", wp, adv, offset, src), en
