@@ -27,6 +27,11 @@ Counters
     not fixed.
 Bit-exactness
     Every timed token's logits are compared with the golden device's.
+Side by side (``--versus``)
+    The 64-lane build's timed tokens also run, in alternation over ``--rounds`` rounds, on another harness
+    executable of the same build parameters (for instance ``build/rtl/<key>/obj/harness`` built from an
+    earlier revision): the median CPU-time rates of both and their ratio, in the same run and under the same
+    load, with the two executables' output packets compared (:func:`side_by_side`).
 
 370M layer (``--layer-370m``)
     Instead of the above: one whole layer of the 370M shape (hidden 1024, intermediate 2816; random ternary
@@ -39,6 +44,7 @@ Usage::
     python bench/bench_rtl.py --cocotb                 # both builds, 8 tokens each, and the cocotb path
     python bench/bench_rtl.py --lanes 64 --tokens 4    # one build
     python bench/bench_rtl.py --layer-370m             # the 370M layer, both builds, 2 tokens each
+    python bench/bench_rtl.py --lanes 64 --versus OLD/obj/harness   # side by side with another revision's build
 
 Results go to ``bench/results/rtl.json`` (``--out``), with ``--layer-370m`` to
 ``bench/results/rtl_layer370m.json``. The first run builds each core (minutes).
@@ -116,7 +122,47 @@ def compare_counters(hw: list[dict], model: list[dict], names: list[str]) -> dic
     return out
 
 
-def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[int]) -> dict:
+def side_by_side(rtl, versus: Path, ids: list[int], rounds: int) -> dict:
+    """Simulation speed of this revision's harness and of ``versus`` (a harness executable of the same build
+    parameters, e.g. built from an earlier revision), in alternation on the same machine: ``rounds`` times
+    each, every round a reset then ``ids`` at positions 0, 1, ...; the two must return identical output packets.
+    The rates of one round are CPU-time rates (other processes dilute them less than wall-clock rates)."""
+    from host.devices.rtl import Harness, channel_streams
+
+    packets = [rtl.token_packet(t, pos) for pos, t in enumerate(ids)]
+    other = Harness(versus, channel_streams(rtl.image, rtl.build.channels))
+    try:
+        rates = {"this": [], "versus": []}
+        wall = {"this": [], "versus": []}
+        outputs = {}
+        load_before = os.getloadavg()
+        for _ in range(rounds):
+            for name, h in (("this", rtl.harness), ("versus", other)):
+                h.reset()
+                cycles = cpu = ns = 0
+                out = []
+                for pkt in packets:
+                    r = h.run_token(pkt)
+                    cycles, cpu, ns = cycles + r.cycles, cpu + r.cpu_ns, ns + r.wall_ns
+                    out.append(r.output)
+                if outputs.setdefault(name, out) != out:
+                    raise RuntimeError(f"{name}: output packets differ between rounds")
+                rates[name].append(cycles / (cpu * 1e-9))
+                wall[name].append(cycles / (ns * 1e-9))
+        rtl.reset()
+        info = versus.parent.parent / "build.json"
+        med = {k: float(np.median(v)) for k, v in rates.items()}
+        return {"versus": str(versus), "versus_build": json.loads(info.read_text()) if info.is_file() else None,
+                "tokens": len(ids), "rounds": rounds, "identical_outputs": outputs["this"] == outputs["versus"],
+                "cycles_per_cpu_s": rates, "cycles_per_wall_s": wall, "median_cycles_per_cpu_s": med,
+                "speedup_median_cpu": med["this"] / med["versus"],
+                "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    finally:
+        other.close()
+
+
+def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[int], versus: Path | None = None,
+                rounds: int = 3) -> dict:
     from host.devices.golden import GoldenDevice
     from host.devices.rtl import RtlDevice
     from host.perf import stream_efficiency
@@ -163,6 +209,7 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
         same_token = {"token": int(ids[0]), "position": 0, "sim_cycles": r.cycles, "wall_s": r.wall_ns * 1e-9,
                       "cpu_s": r.cpu_ns * 1e-9, "cycles_per_wall_s": r.cycles / (r.wall_ns * 1e-9),
                       "cycles_per_cpu_s": r.cycles / (r.cpu_ns * 1e-9), "loadavg": os.getloadavg()}
+        versus_run = side_by_side(rtl, versus, ids[:n_tokens], rounds) if versus is not None else None
         sim = sum(x["sim_cycles"] for x in runs)
         wall = sum(x["wall_s"] for x in runs)
         cpu = sum(x["cpu_s"] for x in runs)
@@ -186,6 +233,7 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
                                   "model": stream_efficiency(image.info.image_bytes, trits, predicted, bp)},
             "image_bytes": image.info.image_bytes, "trits": trits,
             "bit_exact_logits": exact, "n_instructions": len(hw_per),
+            **({"side_by_side": versus_run} if versus_run is not None else {}),
             "counters": counters,
         }
     finally:
@@ -432,6 +480,10 @@ def main(argv=None) -> int:
                          "vocabulary) at 64x1x64 and 256x4x128 (--builds), into bench/results/rtl_layer370m.json")
     ap.add_argument("--builds", default=",".join(LAYER_BUILDS),
                     help=f"with --layer-370m: comma-separated builds among {', '.join(LAYER_BUILDS)}")
+    ap.add_argument("--versus", type=Path, default=None,
+                    help="a harness executable of the same build (e.g. built from an earlier revision): run the timed "
+                         "tokens on it and on this revision's in alternation, side by side (64 lanes only)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --versus: rounds per executable (default 3)")
     ap.add_argument("--out", type=Path, default=None,
                     help="result file (default bench/results/rtl.json, or rtl_layer370m.json with --layer-370m)")
     args = ap.parse_args(argv)
@@ -460,13 +512,20 @@ def main(argv=None) -> int:
     for lanes in (int(x) for x in args.lanes.split(",")):
         bus = BUILDS.get(lanes, 64)
         print(f"bench_rtl: {lanes} lanes, {bus}-bit bus ...", file=sys.stderr, flush=True)
-        r = bench_build(checkpoint, lanes, bus, args.tokens, ids)
+        r = bench_build(checkpoint, lanes, bus, args.tokens, ids, versus=args.versus if lanes == 64 else None,
+                        rounds=args.rounds)
         report["builds"][str(lanes)] = r
         s = r["speed"]
         print(f"  {s['cycles_per_wall_s'] / 1e6:.3f} M cycles/s wall, {s['cycles_per_cpu_s'] / 1e6:.3f} per CPU s; "
               f"{r['cycles_per_token']['hw']:,.0f} cycles/token (model {r['cycles_per_token']['model']:,}); "
               f"efficiency {r['stream_efficiency']['hw']:.3f}; bit-exact {r['bit_exact_logits']}",
               file=sys.stderr, flush=True)
+        if "side_by_side" in r:
+            v = r["side_by_side"]
+            print(f"  side by side: {v['median_cycles_per_cpu_s']['this'] / 1e6:.3f} against "
+                  f"{v['median_cycles_per_cpu_s']['versus'] / 1e6:.3f} M cycles per CPU s (medians of "
+                  f"{v['rounds']}): x{v['speedup_median_cpu']:.2f}; identical outputs {v['identical_outputs']}",
+                  file=sys.stderr, flush=True)
     if args.cocotb:
         print("bench_rtl: cocotb path, 64 lanes ...", file=sys.stderr, flush=True)
         c = bench_cocotb(64, BUILDS[64], ids[0])

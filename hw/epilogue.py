@@ -7,14 +7,21 @@ pipeline of as many stages (stage ``s`` executes ``ops[s]``; NOP beyond ``n_ops`
 buffer writes, reductions, argmax and logit. The arithmetic is that of :mod:`hw.numerics` and of
 ``GoldenMachine._epilogue`` in :mod:`host.devices.golden`, bit for bit.
 
-Buffer operands are read once, at the entry (one read port per buffer, address = element index), and
-travel with the element; ST values travel to the exit, where the write ports are driven. The compiler
-guarantees that each buffer is read by at most one micro-op and written by at most one, so this is
-equivalent to the golden device's in-order semantics (docs/RTL.md).
+Buffer operands are read once, at the entry (one read port per buffer, address = element index); ST values
+are written at the exit. The compiler guarantees that each buffer is read by at most one micro-op and
+written by at most one, so this is equivalent to the golden device's in-order semantics (docs/RTL.md).
+
+Only the register file, the index and the ``last`` flag move through the stages' pipeline registers. The
+pipeline advances in lockstep (one global enable), so a value needed a fixed number of advances later goes
+through a small delay memory instead (written at every advance at a shared pointer, read at a fixed
+offset behind it): each stage's buffer operand from the entry to the stage, and the ST, OUT and ARGMAX
+values from the stage that produces them (a property of the program) to the exit. Data registers load only
+when the element moving in is valid (a clock enable): bubbles, most cycles of a GEMV-bound instruction,
+leave them alone. No intermediate is wider than 64 bits.
 """
 
 import numpy as np
-from amaranth.hdl import Array, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory, ReadPort, WritePort
 from amaranth.lib.wiring import In, Out
@@ -41,6 +48,8 @@ WRITE_BUFFERS = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW)
 ENTRY_LATENCY = 4   #: input register, dequant product (+ buffer data), dequant shift, register-file init
 STAGE_LATENCY = 6   #: decode/LUT address, operands, product A, round/shift, product B, result
 _ROM_COPIES = (MAX_OPS + 1) // 2   #: sigmoid ROM copies, two read ports each
+#: words of each delay memory (a power of two above the longest delay, exit - stage 0 = 47 advances)
+_DELAY_DEPTH = 64
 
 
 class EpilogueConfig(data.Struct):
@@ -64,17 +73,58 @@ def input_layout(index_bits: int) -> data.StructLayout:
     return data.StructLayout({"value": INT32, "index": unsigned(index_bits), "last": unsigned(1)})
 
 
-def _elem_layout(index_bits: int, n_rd: int) -> data.StructLayout:
-    """An element in flight: register file, the buffer operands of the stages still ahead (``rd[0]`` is
-    the next stage's), the ST values per :data:`WRITE_BUFFERS` slot, the OUT and ARGMAX values."""
-    return data.StructLayout({
-        "index": unsigned(index_bits), "last": unsigned(1),
-        "r": data.ArrayLayout(INT32, 4),
-        "rd": data.ArrayLayout(INT32, n_rd),
-        "wr": data.ArrayLayout(INT32, len(WRITE_BUFFERS)), "wr_en": unsigned(len(WRITE_BUFFERS)),
-        "out": INT32, "out_en": unsigned(1),
-        "am": INT32, "am_en": unsigned(1),
-    })
+class _Elem:
+    """An element in flight between two stages: the register file ``r0..r3`` and its ``index``/``last``, as
+    separate signals (no wide record: every field is a word of its own in simulation, and an operand select
+    is a 4-way multiplexer, not a shift of a wide vector)."""
+
+    def __init__(self, name: str, index_bits: int):
+        self.r = [Signal(INT32, name=f"{name}_r{k}", reset_less=True) for k in range(4)]
+        self.index = Signal(index_bits, name=f"{name}_index", reset_less=True)
+        self.last = Signal(name=f"{name}_last", reset_less=True)
+
+    def pairs(self, other: "_Elem") -> list:
+        """(destination, source) pairs of a copy from ``other``, for :func:`_load`."""
+        return [*zip(self.r, other.r, strict=True), (self.index, other.index), (self.last, other.last)]
+
+
+def _load(en, pairs) -> list:
+    """Registers loaded while ``en`` (the valid bit of the element that would move in) and held otherwise:
+    the statements ``dst.eq(Mux(en, src, dst))`` (a clock enable; written as a multiplexer rather than
+    ``with m.If(en)`` so that Verilator keeps one conditional block per enable instead of a next-state
+    variable per register). Bubbles leave the data registers alone, which saves their evaluation in
+    simulation and their toggling in hardware."""
+    return [dst.eq(Mux(en, src, dst)) for dst, src in pairs]
+
+
+def _delay_line(m: Module, name: str, wp, adv, offset, data_in, shape=INT32):
+    """A delay of ``offset`` advances (a value constant from the configuration, 1..:data:`_DELAY_DEPTH` - 1)
+    through a small memory instead of a chain of registers: ``data_in`` is written at every advance (``adv``)
+    at the shared write pointer ``wp``; the returned register is loaded, also at every advance, with the word
+    written ``offset`` advances earlier, so it holds the value that ``data_in`` had when the element now
+    ``offset`` registers further down the lockstep pipeline was where ``data_in`` was sampled."""
+    mem = Memory(shape=shape, depth=_DELAY_DEPTH, init=[])
+    m.submodules[name] = mem
+    w, r = mem.write_port(), mem.read_port()
+    m.d.comb += [w.addr.eq(wp), w.data.eq(data_in), w.en.eq(adv),
+                 r.addr.eq(wp - offset), r.en.eq(adv)]
+    return r.data
+
+
+def _add_u64(x, y):
+    """``(x + y) mod 2**64`` and its carry for unsigned ``x`` (64 bits) and ``y`` (at most 64 bits), in two
+    32-bit halves so that no intermediate is wider than 64 bits (one adder in hardware either way)."""
+    lo_expr = x[:32] + y[:32]
+    hi_expr = x[32:64] + y[32:64] + lo_expr[32]
+    return Cat(lo_expr[:32], hi_expr[:32]), hi_expr[32]
+
+
+def _round_shift(v, sh0, shm1):
+    """``(v + ((1 << sh) >> 1)) >> sh`` (round half up, arithmetic shift) for a signed 64-bit ``v`` with
+    ``|v| <= 2**62``, without the 65-bit sum: ``t = v >> (sh - 1)`` then ``(t >> 1) + t[0]`` (``sh0``:
+    ``sh == 0``; ``shm1``: ``sh - 1``, or 0). Exact, and never wider than 64 bits."""
+    t = v >> shm1
+    return Mux(sh0, v, t[1:].as_signed() + t[0])
 
 
 def _sat32(v):
@@ -140,7 +190,8 @@ class Epilogue(wiring.Component):
     (``shift`` or the segment step), ``sat32`` or ``t0 + correction``; (c4) product B (SiLU's
     ``a*sigmoid(a)``, SSQ's ``w*w``); (c5) result into ``r[dst]``, SSQ/AMAX into the stage's 64-bit
     accumulator. The accumulators are folded into ``regs`` (one per cycle, as soon as the last element
-    has passed each stage), so two micro-ops may reduce into one register.
+    has passed each stage), so two micro-ops may reduce into one register. Delay memories (64 words of 32
+    bits): one per stage 1..7 for its buffer operand, one per write port, one for OUT and one for ARGMAX.
 
     Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 52 cycles from an element's
     input transfer to the exit cycle where its writes and logit are presented; throughput one element
@@ -251,14 +302,18 @@ class Epilogue(wiring.Component):
         wr_ports = [getattr(self, f"wr_{b.name.lower()}") for b in WRITE_BUFFERS]
 
         adv = Signal()  # the whole pipeline moves (no logits backpressure at the exit)
+        # the delay memories' write pointer: one step per advance of the lockstep pipeline
+        wp = Signal(range(_DELAY_DEPTH))
+        with m.If(adv):
+            m.d.sync += wp.eq(wp + 1)
 
         # ------------------------------------------------------ decoded configuration (registered)
         stage_mods = [Module() for _ in range(MAX_OPS)]
         for s, sm in enumerate(stage_mods):
             m.submodules[f"stage{s}"] = sm
         dcs = [self._decode(sm, s) for s, sm in enumerate(stage_mods)]
-        dq_zero, dq_neg = Signal(), Signal()
-        dq_lsh, dq_rsh = Signal(range(33)), Signal(range(63))
+        dq_zero, dq_neg = Signal(reset_less=True), Signal(reset_less=True)
+        dq_lsh, dq_rsh = Signal(range(33), reset_less=True), Signal(range(63), reset_less=True)
         dq_rnd = Signal(unsigned(62))
         sh = cfg.s_shift
         m.d.sync += [dq_zero.eq(sh > 62), dq_neg.eq(sh < 0),
@@ -270,7 +325,8 @@ class Epilogue(wiring.Component):
         e0, v0 = Signal(in_lay, reset_less=True), Signal()
         m.d.comb += self.i.ready.eq(adv)
         with m.If(adv):
-            m.d.sync += [e0.eq(self.i.payload), v0.eq(self.i.valid)]
+            m.d.sync += v0.eq(self.i.valid)
+            m.d.sync += _load(self.i.valid, [(e0, self.i.payload)])
         for p in rd_ports:
             m.d.comb += [p.addr.eq(e0.index), p.en.eq(adv)]
 
@@ -278,61 +334,96 @@ class Epilogue(wiring.Component):
         e1, v1 = Signal(in_lay, reset_less=True), Signal()
         p1 = Signal(signed(self._acc_bits + 28), reset_less=True)
         with m.If(adv):
-            m.d.sync += [e1.eq(e0), v1.eq(v0), p1.eq(e0.value[:self._acc_bits].as_signed() * cfg.s_mant)]
+            m.d.sync += v1.eq(v0)
+            m.d.sync += _load(v0, [(e1, e0), (p1, e0.value[:self._acc_bits].as_signed() * cfg.s_mant)])
 
-        # E2: dequantization shift; each stage's buffer operand selected from the read ports
+        # E2: dequantization shift; each stage's buffer operand selected from the read ports: stage 0's into a
+        # register, the others' into their delay memories (read as the element enters the stage)
         e2, v2 = Signal(in_lay, reset_less=True), Signal()
         q2 = Signal(signed(64), reset_less=True)
-        rd2 = Signal(data.ArrayLayout(INT32, MAX_OPS), reset_less=True)
         q_next = Signal(signed(64))
         with m.If(dq_zero):
             m.d.comb += q_next.eq(0)
         with m.Elif(dq_neg):
             p1s = Signal(INT32)
-            m.d.comb += [p1s.eq(_sat32(p1)), q_next.eq(p1s << dq_lsh)]
+            # dq_lsh <= 32: no 95-bit shifter
+            m.d.comb += [p1s.eq(_sat32(p1)),
+                         q_next.eq(Mux(dq_lsh[5], Cat(Const(0, 32), p1s).as_signed(), p1s << dq_lsh[:5]))]
         with m.Else():
             m.d.comb += q_next.eq((p1 + dq_rnd) >> dq_rsh)
+        rd_sel = [Signal(INT32, name=f"rd_sel{s}") for s in range(MAX_OPS)]
+        for s in range(MAX_OPS):
+            with m.Switch(cfg.ops[s].buf):
+                for j, b in enumerate(READ_BUFFERS):
+                    with m.Case(b):
+                        m.d.comb += rd_sel[s].eq(rd_ports[j].data)
+        rd2 = Signal(INT32, reset_less=True)
         with m.If(adv):
-            m.d.sync += [e2.eq(e1), v2.eq(v1), q2.eq(q_next)]
-            for s in range(MAX_OPS):
-                with m.Switch(cfg.ops[s].buf):
-                    for j, b in enumerate(READ_BUFFERS):
-                        with m.Case(b):
-                            m.d.sync += rd2[s].eq(rd_ports[j].data)
-                    with m.Default():
-                        m.d.sync += rd2[s].eq(0)
+            m.d.sync += v2.eq(v1)
+            m.d.sync += _load(v1, [(e2, e1), (q2, q_next), (rd2, rd_sel[0])])
 
         # stage 0 input: the register file
-        e_in, v_in = Signal(_elem_layout(ib, MAX_OPS), reset_less=True), Signal()
+        e_in, v_in = _Elem("e_in", ib), Signal()
+        val0 = Signal(INT32, reset_less=True)
         r0 = Signal(INT32)
         m.d.comb += r0.eq(Mux(cfg.raw, e2.value, _sat32(q2)))
         with m.If(adv):
-            m.d.sync += [v_in.eq(v2), e_in.index.eq(e2.index), e_in.last.eq(e2.last),
-                         e_in.r[0].eq(r0), e_in.r[1].eq(e2.value), e_in.r[2].eq(0), e_in.r[3].eq(0),
-                         e_in.rd.eq(rd2), e_in.wr_en.eq(0), e_in.out_en.eq(0), e_in.am_en.eq(0)]
+            m.d.sync += v_in.eq(v2)
+            m.d.sync += _load(v2, [(e_in.index, e2.index), (e_in.last, e2.last), (e_in.r[0], r0),
+                                   (e_in.r[1], e2.value), (e_in.r[2], 0), (e_in.r[3], 0), (val0, rd2)])
+        # stage s's operand, selected at E2, arrives STAGE_LATENCY * s advances after stage 0's
+        vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 1 + STAGE_LATENCY * s, rd_sel[s])
+                         for s in range(1, MAX_OPS)]
 
         # -------------------------------------------------------------------------------- stages
-        accs, fins = [], []
+        accs, fins, avals = [], [], []
         for s in range(MAX_OPS):
-            e_in, v_in, acc, fin = self._stage(stage_mods[s], s, dcs[s], e_in, v_in, roms[s // 2].read_port(), adv)
+            e_in, v_in, a, acc, fin = self._stage(stage_mods[s], s, dcs[s], e_in, v_in, vals[s],
+                                                  roms[s // 2].read_port(), adv)
+            avals.append(a)
             accs.append(acc)
             fins.append(fin)
         ex, vx = e_in, v_in  # the exit register
         self._stage_accs = accs  # white-box access for the saturation test (tests/hw/test_epilogue.py)
 
+        # ------------------------------------------ ST, OUT and ARGMAX values: delay memories to the exit
+        def sink(name, conds):
+            """The value of operand ``a`` of the last stage whose ``conds`` holds, delayed from that stage's
+            second cycle (its register ``a1``) to the exit; and whether any stage's holds (a property of the
+            program)."""
+            sel_c, en_c = Signal(range(MAX_OPS), name=f"{name}_stage_c"), Signal(name=f"{name}_en_c")
+            for s, c in enumerate(conds):
+                with m.If(c):
+                    m.d.comb += [sel_c.eq(s), en_c.eq(1)]
+            sel = Signal(range(MAX_OPS), name=f"{name}_stage", reset_less=True)
+            en = Signal(name=f"{name}_en", reset_less=True)
+            offset = Signal(range(_DELAY_DEPTH), name=f"{name}_delay", reset_less=True)
+            # the delay from stage s's a1 to the exit (a table: no multiplier)
+            delays = Array([Const(MAX_OPS * STAGE_LATENCY - 2 - s * STAGE_LATENCY, range(_DELAY_DEPTH))
+                            for s in range(MAX_OPS)])
+            m.d.sync += [sel.eq(sel_c), en.eq(en_c), offset.eq(delays[sel_c])]
+            src = Signal(INT32, name=f"{name}_src")
+            m.d.comb += src.eq(Array(avals)[sel])
+            return _delay_line(m, f"{name}_delay", wp, adv, offset, src), en
+
+        wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (cfg.ops[s].buf == buf) for s, dc in enumerate(dcs)])
+              for buf in WRITE_BUFFERS]
+        out, out_en = sink("out", [dc["out"] for dc in dcs])
+        am, am_en = sink("am", [dc["argmax"] for dc in dcs])
+
         # ---------------------------------------------------------------------------------- exit
-        stall = vx & ex.out_en & ~self.logits.ready
+        stall = vx & out_en & ~self.logits.ready
         fire = Signal()
         m.d.comb += [adv.eq(~stall), fire.eq(vx & adv),
-                     self.logits.valid.eq(vx & ex.out_en), self.logits.payload.eq(ex.out)]
-        for k, p in enumerate(wr_ports):
-            m.d.comb += [p.addr.eq(ex.index), p.data.eq(ex.wr[k]), p.en.eq(fire & ex.wr_en[k])]
+                     self.logits.valid.eq(vx & out_en), self.logits.payload.eq(out)]
+        for (data_k, en_k), p in zip(wr, wr_ports, strict=True):
+            m.d.comb += [p.addr.eq(ex.index), p.data.eq(data_k), p.en.eq(fire & en_k)]
 
         am_seen = Signal()
-        with m.If(fire & ex.am_en):
+        with m.If(fire & am_en):
             m.d.sync += am_seen.eq(1)
-            with m.If(~am_seen | (ex.am > self.argmax_value)):
-                m.d.sync += [self.argmax_index.eq(ex.index), self.argmax_value.eq(ex.am)]
+            with m.If(~am_seen | (am > self.argmax_value)):
+                m.d.sync += [self.argmax_index.eq(ex.index), self.argmax_value.eq(am)]
 
         # --------------------------------------------------- reductions: fold the stage accumulators
         busy, last_out = Signal(), Signal()
@@ -342,27 +433,32 @@ class Epilogue(wiring.Component):
         ssq_k = Array([dc["ssq"] for dc in dcs])[k]
         amax_k = Array([dc["amax"] for dc in dcs])[k]
         reg_k = Array([cfg.ops[s].reg for s in range(MAX_OPS)])[k]
+        rg = [Signal(unsigned(64), name=f"reg{j}") for j in range(8)]   # R0..R7 (a word each, not one vector)
+        m.d.comb += [self.regs[j].eq(rg[j]) for j in range(8)]
         cur = Signal(unsigned(64))
-        total = Signal(unsigned(65))
-        m.d.comb += [cur.eq(self.regs[reg_k]), total.eq(cur + acc_k)]
+        m.d.comb += cur.eq(Array(rg)[reg_k])
+        total, carry = _add_u64(cur, acc_k)
         with m.If(fire & ex.last):
             m.d.sync += last_out.eq(1)
         with m.If(busy & (k < MAX_OPS) & fin_k):
             m.d.sync += k.eq(k + 1)
-            with m.If(ssq_k):
-                m.d.sync += self.regs[reg_k].eq(Mux(total[64], _U64_MAX, total[:64]))
-            with m.Elif(amax_k):
-                m.d.sync += self.regs[reg_k].eq(Mux(acc_k > cur, acc_k, cur))
+            for j in range(8):
+                with m.If(reg_k == j):
+                    with m.If(ssq_k):
+                        m.d.sync += rg[j].eq(Mux(carry, _U64_MAX, total))
+                    with m.Elif(amax_k):
+                        m.d.sync += rg[j].eq(Mux(acc_k > cur, acc_k, cur))
         m.d.comb += self.done.eq(busy & (k == MAX_OPS) & last_out)
         with m.If(self.done):
             m.d.sync += busy.eq(0)
 
         with m.If(self.start):
             m.d.sync += [busy.eq(1), last_out.eq(0), k.eq(0), am_seen.eq(0)]
-            for s in range(MAX_OPS):
-                op = cfg.ops[s]
-                with m.If((s < cfg.n_ops) & ((op.op == M.SSQ) | (op.op == M.AMAX))):
-                    m.d.sync += self.regs[op.reg].eq(0)
+            for j in range(8):
+                clear = [(s < cfg.n_ops) & ((op.op == M.SSQ) | (op.op == M.AMAX)) & (op.reg == j)
+                         for s, op in ((s, cfg.ops[s]) for s in range(MAX_OPS))]
+                with m.If(Cat(*clear).any()):
+                    m.d.sync += rg[j].eq(0)
         return m
 
     # ------------------------------------------------------------------------------------ helpers
@@ -370,7 +466,7 @@ class Epilogue(wiring.Component):
         """Registered per-stage decode of ``cfg.ops[s]`` (the configuration is stable, so a cycle of
         lag costs nothing and keeps the shifters' controls off the datapath)."""
         mo = self.cfg.ops[s]
-        op = Signal(MicroOpcode, name=f"s{s}_op")
+        op = Signal(MicroOpcode, name=f"s{s}_op", reset_less=True)
         m.d.sync += op.eq(Mux(s < self.cfg.n_ops, mo.op, M.NOP))
         dc = {"op": op}
         for name, cond in (("sig", (op == M.SIG) | (op == M.SIGNEG) | (op == M.SILU)),
@@ -384,61 +480,61 @@ class Epilogue(wiring.Component):
         shift = mo.shift
         # sigmoid: clamp to [-2**(4+shift), 2**(4+shift)) when that is inside int32
         lim = Signal(range(64 + 5), name=f"s{s}_lim")
-        clamp = Signal(name=f"s{s}_clamp")
-        lo = Signal(INT32, name=f"s{s}_lo")
-        hi = Signal(INT32, name=f"s{s}_hi")
+        clamp = Signal(name=f"s{s}_clamp", reset_less=True)
+        lo = Signal(INT32, name=f"s{s}_lo", reset_less=True)
+        hi = Signal(INT32, name=f"s{s}_hi", reset_less=True)
         m.d.comb += lim.eq(shift + nx.LUT_RANGE_LOG2)
         m.d.sync += [clamp.eq(lim <= 30), lo.eq(-(Const(1, 32) << lim[:5])), hi.eq((Const(1, 32) << lim[:5]) - 1)]
         # segment step = shift + 5 - lut_segments_log2, kept in 1..62
         step_raw = Signal(signed(8), name=f"s{s}_step_raw")
-        step = Signal(range(63), name=f"s{s}_step")
+        step = Signal(range(63), name=f"s{s}_step", reset_less=True)
         m.d.comb += step_raw.eq(shift + (nx.LUT_RANGE_LOG2 + 1 - self._seg))
         m.d.sync += step.eq(Mux(step_raw < 1, 1, step_raw))
         mask = Signal(32, name=f"s{s}_mask")
         big = Signal(name=f"s{s}_big")
         m.d.comb += [big.eq(step >= 32), mask.eq(Mux(big, 0xFFFF_FFFF, (Const(1, 33) << step[:5]) - 1))]
-        # product A's rounding shift: the segment step (sigmoid) or the shift field (MUL, MULV, SSQ, AMAX)
-        sh = Signal(range(64), name=f"s{s}_sh")
-        rnd = Signal(unsigned(63), name=f"s{s}_rnd")
-        m.d.sync += sh.eq(Mux(dc["sig"], step, shift))
-        m.d.comb += rnd.eq((Const(1, 1) << sh) >> 1)
+        # product A's rounding shift: the segment step (sigmoid) or the shift field (MUL, MULV, SSQ, AMAX); as
+        # "is zero" and "minus one" for _round_shift
+        sh = Signal(range(64), name=f"s{s}_sh_c")
+        sh0 = Signal(name=f"s{s}_sh0", reset_less=True)
+        shm1 = Signal(range(63), name=f"s{s}_shm1", reset_less=True)
+        m.d.comb += sh.eq(Mux(dc["sig"], step, shift))
+        m.d.sync += [sh0.eq(sh == 0), shm1.eq(Mux(sh == 0, 0, sh - 1))]
         # RSUB1: 2**shift - a; 2**shift >= 2**32 always saturates
-        rs_big = Signal(name=f"s{s}_rs_big")
-        rs_one = Signal(unsigned(32), name=f"s{s}_rs_one")
+        rs_big = Signal(name=f"s{s}_rs_big", reset_less=True)
+        rs_one = Signal(unsigned(32), name=f"s{s}_rs_one", reset_less=True)
         m.d.sync += [rs_big.eq(shift >= 32), rs_one.eq(Const(1, 32) << shift[:5])]
-        dc.update(clamp=clamp, lo=lo, hi=hi, step=step, mask=mask, big=big, sh=sh, rnd=rnd,
+        dc.update(clamp=clamp, lo=lo, hi=hi, step=step, mask=mask, big=big, sh0=sh0, shm1=shm1,
                   rs_big=rs_big, rs_one=rs_one)
         return dc
 
-    def _stage(self, m: Module, s: int, dc: dict, e_in, v_in, rom_port, adv):
-        """Stage ``s``: executes ``cfg.ops[s]`` in :data:`STAGE_LATENCY` cycles.
+    def _stage(self, m: Module, s: int, dc: dict, e_in: _Elem, v_in, val, rom_port, adv):
+        """Stage ``s``: executes ``cfg.ops[s]`` in :data:`STAGE_LATENCY` cycles; ``val`` is its buffer operand
+        (a register holding it while the element is at ``e_in``).
 
-        Returns the output element register (the next stage's input), its valid bit, the stage's
-        reduction accumulator (unsigned 64) and its ``fin`` flag (the last element has passed).
+        Returns the output element (the next stage's input), its valid bit, the register ``a1`` (operand ``a``,
+        the value of ST, OUT and ARGMAX, one advance after the element was at ``e_in``), the stage's reduction
+        accumulator (unsigned 64) and its ``fin`` flag (the last element has passed).
         """
         ib = self._index_bits
-        lay = _elem_layout(ib, MAX_OPS - 1 - s)
         mo = self.cfg.ops[s]
         op = dc["op"]
 
         def reg(shape, name):
             return Signal(shape, name=f"s{s}_{name}", reset_less=True)
 
-        def stage_regs(n):
-            return ([reg(lay, f"e{j}") for j in range(1, n + 1)],
-                    [Signal(name=f"s{s}_v{j}") for j in range(1, n + 1)])
+        e1, e2, e3, e4, e5, eo = (_Elem(f"s{s}_e{j}", ib) for j in range(1, 7))
+        v1, v2, v3, v4, v5, vo = (Signal(name=f"s{s}_v{j}") for j in range(1, 7))
 
-        (e1, e2, e3, e4, e5, eo), (v1, v2, v3, v4, v5, vo) = stage_regs(6)
-
-        # ---- c0: operands, simple ALU, sigmoid input -> LUT address; ST/OUT/ARGMAX capture a
-        a, b, val = Signal(INT32, name=f"s{s}_a"), Signal(INT32, name=f"s{s}_b"), Signal(INT32, name=f"s{s}_val")
-        m.d.comb += [a.eq(e_in.r[mo.a]), b.eq(e_in.r[mo.b]), val.eq(e_in.rd[0])]
+        # ---- c0: operands, simple ALU, sigmoid input -> LUT address
+        a, b = Signal(INT32, name=f"s{s}_a"), Signal(INT32, name=f"s{s}_b")
+        m.d.comb += [a.eq(Array(e_in.r)[mo.a]), b.eq(Array(e_in.r)[mo.b])]
         x, u = Signal(INT32, name=f"s{s}_x"), Signal(INT32, name=f"s{s}_u")
         m.d.comb += x.eq(Mux(dc["neg"], _sat32(-a), a))
         m.d.comb += u.eq(Mux(dc["clamp"] & (x < dc["lo"]), dc["lo"], Mux(dc["clamp"] & (x > dc["hi"]), dc["hi"], x)))
         idx = Signal(self._seg, name=f"s{s}_idx")
         m.d.comb += idx.eq((u >> dc["step"]) + (1 << (self._seg - 1)))
-        m.d.comb += [rom_port.addr.eq(idx), rom_port.en.eq(adv)]
+        m.d.comb += [rom_port.addr.eq(idx), rom_port.en.eq(adv & v_in)]
         frac = Signal(INT32, name=f"s{s}_frac")
         m.d.comb += frac.eq(u & dc["mask"])
         simple = Signal(INT32, name=f"s{s}_simple")
@@ -453,26 +549,13 @@ class Epilogue(wiring.Component):
                 m.d.comb += simple.eq(_sat32(a + val))
             with m.Case(M.RSUB1):
                 m.d.comb += simple.eq(Mux(dc["rs_big"], _I32_MAX, _sat32(dc["rs_one"] - a)))
-        ec = Signal(lay, name=f"s{s}_ec")
-        m.d.comb += [ec.index.eq(e_in.index), ec.last.eq(e_in.last), ec.r.eq(e_in.r),
-                     ec.wr.eq(e_in.wr), ec.wr_en.eq(e_in.wr_en), ec.out.eq(e_in.out), ec.out_en.eq(e_in.out_en),
-                     ec.am.eq(e_in.am), ec.am_en.eq(e_in.am_en)]
-        for j in range(MAX_OPS - 1 - s):
-            m.d.comb += ec.rd[j].eq(e_in.rd[j + 1])
-        with m.If(dc["st"]):
-            for slot, buf in enumerate(WRITE_BUFFERS):
-                with m.If(mo.buf == buf):
-                    m.d.comb += [ec.wr[slot].eq(a), ec.wr_en[slot].eq(1)]
-        with m.If(dc["out"]):
-            m.d.comb += [ec.out.eq(a), ec.out_en.eq(1)]
-        with m.If(dc["argmax"]):
-            m.d.comb += [ec.am.eq(a), ec.am_en.eq(1)]
 
         a1, bm1, f1, simple1 = reg(INT32, "a1"), reg(INT32, "bm1"), reg(INT32, "f1"), reg(INT32, "simple1")
         bigneg1 = reg(1, "bigneg1")
         with m.If(adv):
-            m.d.sync += [e1.eq(ec), v1.eq(v_in), a1.eq(a), bm1.eq(Mux(dc["mul"], b, val)), f1.eq(frac),
-                         bigneg1.eq(dc["big"] & u[31]), simple1.eq(simple)]
+            m.d.sync += v1.eq(v_in)
+            m.d.sync += _load(v_in, [*e1.pairs(e_in), (a1, a), (bm1, Mux(dc["mul"], b, val)), (f1, frac),
+                                     (bigneg1, dc["big"] & u[31]), (simple1, simple)])
 
         # ---- c1: LUT data; operands of product A
         t0, d = rom_port.data.t0, rom_port.data.d
@@ -480,61 +563,67 @@ class Epilogue(wiring.Component):
         t02, d2 = reg(unsigned(len(t0)), "t02"), reg(unsigned(len(d)), "d2")
         a2, simple2, bigneg2 = reg(INT32, "a2"), reg(INT32, "simple2"), reg(1, "bigneg2")
         with m.If(adv):
-            m.d.sync += [e2.eq(e1), v2.eq(v1), ma.eq(Mux(dc["sig"], d, a1)), mb.eq(Mux(dc["sig"], f1, bm1)),
-                         t02.eq(t0), d2.eq(d), a2.eq(a1), simple2.eq(simple1), bigneg2.eq(bigneg1)]
+            m.d.sync += v2.eq(v1)
+            m.d.sync += _load(v1, [*e2.pairs(e1), (ma, Mux(dc["sig"], d, a1)), (mb, Mux(dc["sig"], f1, bm1)),
+                                   (t02, t0), (d2, d), (a2, a1), (simple2, simple1), (bigneg2, bigneg1)])
 
         # ---- c2: product A (64 bits)
         pa = reg(signed(64), "pa")
         t03, d3 = reg(unsigned(len(t0)), "t03"), reg(unsigned(len(d)), "d3")
         a3, simple3, bigneg3 = reg(INT32, "a3"), reg(INT32, "simple3"), reg(1, "bigneg3")
         with m.If(adv):
-            m.d.sync += [e3.eq(e2), v3.eq(v2), pa.eq(ma * mb), t03.eq(t02), d3.eq(d2), a3.eq(a2),
-                         simple3.eq(simple2), bigneg3.eq(bigneg2)]
+            m.d.sync += v3.eq(v2)
+            m.d.sync += _load(v2, [*e3.pairs(e2), (pa, ma * mb), (t03, t02), (d3, d2), (a3, a2),
+                                   (simple3, simple2), (bigneg3, bigneg2)])
 
         # ---- c3: round half up and shift; sigmoid: t0 (+ d for the wrapped fraction) + correction; else sat32
-        q = Signal(signed(66), name=f"s{s}_q")
-        m.d.comb += q.eq((pa + dc["rnd"]) >> dc["sh"])
+        # (|pa| <= 2**62, so the rounded quotient fits 64 bits; the sigmoid sum is taken mod 2**32 anyway)
+        q = Signal(signed(64), name=f"s{s}_q")
+        m.d.comb += q.eq(_round_shift(pa, dc["sh0"], dc["shm1"]))
         y4, a4, simple4 = reg(INT32, "y4"), reg(INT32, "a4"), reg(INT32, "simple4")
         y = Signal(INT32, name=f"s{s}_y")
-        m.d.comb += y.eq(Mux(dc["sig"], t03 + Mux(bigneg3, d3, 0) + q, _sat32(q)))
+        m.d.comb += y.eq(Mux(dc["sig"], t03 + Mux(bigneg3, d3, 0) + q[:32], _sat32(q)))
         with m.If(adv):
-            m.d.sync += [e4.eq(e3), v4.eq(v3), y4.eq(y), a4.eq(a3), simple4.eq(simple3)]
+            m.d.sync += v4.eq(v3)
+            m.d.sync += _load(v3, [*e4.pairs(e3), (y4, y), (a4, a3), (simple4, simple3)])
 
         # ---- c4: product B: SiLU's a * sigmoid(a), SSQ's w * w
         w = Signal(INT32, name=f"s{s}_w")
         m.d.comb += w.eq(Mux(dc["wnone"], a4, y4))
         pb, w5, y5, simple5 = reg(signed(64), "pb"), reg(INT32, "w5"), reg(INT32, "y5"), reg(INT32, "simple5")
         with m.If(adv):
-            m.d.sync += [e5.eq(e4), v5.eq(v4), pb.eq(Mux(dc["silu"], a4, w) * Mux(dc["silu"], y4, w)),
-                         w5.eq(w), y5.eq(y4), simple5.eq(simple4)]
+            m.d.sync += v5.eq(v4)
+            m.d.sync += _load(v4, [*e5.pairs(e4), (pb, Mux(dc["silu"], a4, w) * Mux(dc["silu"], y4, w)),
+                                   (w5, w), (y5, y4), (simple5, simple4)])
 
         # ---- c5: result into r[dst]; reductions into the stage accumulator
         res = Signal(INT32, name=f"s{s}_res")
         wdst = Signal(name=f"s{s}_wdst")
+        gate = pb[nx.GATE_FRAC - 1:].as_signed()   # SiLU: (pb + 2**(GATE_FRAC - 1)) >> GATE_FRAC, as in _round_shift
         with m.Switch(op):
             with m.Case(M.LD, M.ADD, M.SUB, M.ADDV, M.RSUB1):
                 m.d.comb += [res.eq(simple5), wdst.eq(1)]
             with m.Case(M.MUL, M.MULV, M.SIG, M.SIGNEG):
                 m.d.comb += [res.eq(y5), wdst.eq(1)]
             with m.Case(M.SILU):
-                m.d.comb += [res.eq(_sat32((pb + (1 << (nx.GATE_FRAC - 1))) >> nx.GATE_FRAC)), wdst.eq(1)]
+                m.d.comb += [res.eq(_sat32(gate[1:].as_signed() + gate[0])), wdst.eq(1)]
         with m.If(adv):
-            m.d.sync += [eo.eq(e5), vo.eq(v5)]
-            with m.If(wdst):
-                m.d.sync += eo.r[mo.dst].eq(res)
+            m.d.sync += vo.eq(v5)
+            m.d.sync += _load(v5, [(eo.index, e5.index), (eo.last, e5.last),
+                                   *((eo.r[j], Mux(wdst & (mo.dst == j), res, e5.r[j])) for j in range(4))])
 
         acc = Signal(unsigned(64), name=f"s{s}_acc")
         fin = Signal(name=f"s{s}_fin")
-        term = Signal(unsigned(65), name=f"s{s}_term")
         mag = Signal(unsigned(32), name=f"s{s}_mag")
-        m.d.comb += [term.eq(acc + pb[nx.SSQ_SHIFT:63]), mag.eq(Mux(w5 < 0, -w5, w5))]
+        term, carry = _add_u64(acc, pb[nx.SSQ_SHIFT:63])
+        m.d.comb += mag.eq(Mux(w5 < 0, -w5, w5))
         with m.If(adv & v5):
             with m.If(dc["ssq"]):
-                m.d.sync += acc.eq(Mux(term[64], _U64_MAX, term[:64]))
+                m.d.sync += acc.eq(Mux(carry, _U64_MAX, term))
             with m.Elif(dc["amax"]):
                 m.d.sync += acc.eq(Mux(mag > acc, mag, acc))
             with m.If(e5.last):
                 m.d.sync += fin.eq(1)
         with m.If(self.start):
             m.d.sync += [acc.eq(0), fin.eq(0)]
-        return eo, vo, acc, fin
+        return eo, vo, a1, acc, fin

@@ -63,7 +63,7 @@ def sim_top(channels: int, bus_bits: int, core: str = "mmfree_core") -> str:
     if not 1 <= channels <= MAX_CHANNELS or bus_bits % 32 or not 32 <= bus_bits <= MAX_BUS_BITS:
         raise ValueError(f"channels must be 1-{MAX_CHANNELS} and bus_bits a multiple of 32 up to {MAX_BUS_BITS}, "
                          f"got {channels}, {bus_bits}")
-    w = MAX_CHANNELS * MAX_BUS_BITS
+    w = channels * bus_bits   # the beats of the channels in use only: the DPI call copies them every cycle
     chans = "\n".join(
         f"    .s_axis_w{c}__tdata(tdata[{c * bus_bits + bus_bits - 1}:{c * bus_bits}]), "
         f".s_axis_w{c}__tvalid(tvalid[{c}]), .s_axis_w{c}__tlast(tlast[{c}]), .s_axis_w{c}__tready(tready[{c}]),"
