@@ -850,8 +850,8 @@ class Accelerator(wiring.Component):
                     m.next = "TOKEN"
         with m.If(gear0_on & wfifo.r_rdy & gear[0].i.ready):
             m.d.sync += g0_cnt.eq(g0_cnt + 1)
-        self._debug = {"fsm": fsm, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause, "beat_full": beat_full,
-                       "widx": widx, "word": word}
+        self._debug = {"fsm": fsm, "ctr": ctr, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause,
+                       "beat_full": beat_full, "widx": widx, "word": word}
         # the output CRC restarts with each packet: after the previous trailer
         with m.If(out_take):
             m.d.sync += first_out.eq(out_last)
