@@ -1,10 +1,12 @@
 """The accelerator core: streams in a token packet and the model image, runs the token, streams out the
 output packet; AXI4-Lite registers for the ID block, status and counters.
 
-The sequencer here parses channel 0 (token packet, image header, instruction headers: a 32-bit word
-per cycle; constant sections: a whole beat per cycle), checks every magic, CRC, opcode, micro-op and
-shape the golden device checks (same :class:`hw.isa.ErrorCause`, same precedence), and for each
-instruction drives the components of ``docs/RTL.md``: ScalarUnit -> Quantizer -> per channel
+The sequencer here parses channel 0's token packet and image header (a 32-bit word per cycle); a fetcher
+reads the instruction headers and constant sections (a whole beat per cycle) one instruction ahead of
+execution, into a second constant bank, while the current GEMV computes (channel 0's weights go through a
+FIFO, so that the stream runs ahead of the lanes). Together they check every magic, CRC, opcode, micro-op
+and shape the golden device checks (same :class:`hw.isa.ErrorCause`, same precedence), and for each
+instruction the sequencer drives the components of ``docs/RTL.md``: ScalarUnit -> Quantizer -> per channel
 TritGearbox -> TernaryGemv, rows merged in order into the Epilogue. END_TOKEN commits the recurrent state
 (a bank flip) and sends the output trailer. An error stops the token: the committed state is untouched,
 ``STATUS.error`` and ``ERROR_CAUSE``/``ERROR_WHERE`` say why, every input is drained (never blocking the
@@ -433,7 +435,7 @@ class Accelerator(wiring.Component):
         first_out = Signal(init=1)    # the next output word starts a packet (the last one ended with tlast)
         clear_pending = Signal()      # CTRL.clear while an aborted output packet was still being closed
         lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
-        instr_done = Signal()         # an instruction completes this cycle (its last: the next one's NEXT follows)
+        instr_done = Signal()         # an instruction completes this cycle (the next one's DISPATCH follows)
         m.d.sync += ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + instr_done)
         m.d.sync += ctr[Counter.STREAM_STALLS].eq(ctr[Counter.STREAM_STALLS] + stalls)
         m.d.comb += [regs.busy.eq(busy), regs.done.eq(done), regs.error.eq(err), regs.error_cause.eq(err_cause),

@@ -283,6 +283,8 @@ def test_latencies_match_the_rtl_components():
     assert EPILOGUE_LATENCY == epilogue.ENTRY_LATENCY + MAX_OPS * epilogue.STAGE_LATENCY
     assert scalar.SCALAR_LATENCY <= SCALAR_CYCLES
     assert quant.QUANT_LATENCY == QUANT_LATENCY
+    top = pytest.importorskip("hw.top", reason="hw/top.py does not import")
+    assert BuildParams().fifo_beats == top.WEIGHT_FIFO_BEATS   # the default build's channel-0 weight FIFO
 
 
 @pytest.mark.parametrize("kw,match", [
