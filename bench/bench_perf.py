@@ -6,7 +6,7 @@ checkpoints, at a few build points (lanes, channels, bus bits) and both trit pac
 
 * image bytes (1.6-bit vs 2-bit and the saving; the shipped model's images are compiled for real and
   must equal the shape-only size, the others come from :func:`host.perf.program_shapes`);
-* predicted cycles per token and stream efficiency (DESIGN.md section 3), for the default (serial)
+* predicted cycles per token and stream efficiency (DESIGN.md section 3), for the default (as-built)
   schedule and for the proposed one (every option of :class:`host.perf.BuildParams` on, 64 quantize
   lanes), plus one steady-state 370M layer;
 * per board of :data:`host.perf.BOARDS`: the roofline (smallest of DRAM, ports x port bandwidth,
@@ -232,7 +232,7 @@ def design_checks(images: dict, preds: dict) -> list[dict]:
         check(f"the cycle model reaches that bound at 256 lanes, 4 x 128-bit channels, 250 MHz ({sched} schedule)",
               tok, tok >= 0.95 * lanes_bound,
               f"{tok / lanes_bound:.1%} of the lanes bound" + (
-                  ": the rest goes to headers/constants on channel 0, the quantize barriers and the drains"
+                  ": the rest goes to the quantize barriers, the drains and the constants channel 0 cannot prefetch"
                   if sched == "default" else ""))
     return checks
 

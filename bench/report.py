@@ -245,7 +245,8 @@ def cycles_section(data: dict) -> str:
     parts.append(table(["source", "build", "cycles/token", "stream efficiency", "model cycles",
                         "RTL vs model", "status"], rows))
     parts.append("\nStream efficiency = max(image bytes / (channels x beat bytes), trits / lanes) / cycles "
-                 "(docs/ARCHITECTURE.md section 3). The `default` schedule is the serial one the RTL implements; "
+                 "(docs/ARCHITECTURE.md section 3). The `default` schedule is the one the RTL implements "
+                 "(headers and constants prefetched); "
                  "`proposed` adds the schedule changes of docs/PERFORMANCE_MODEL.md (not in the RTL).\n")
     parts.append("### One layer of the 370M / 1.3B / 2.7B shapes (1.6-bit packing)\n")
     parts.append("A middle layer (all seven GEMVs of one block), for the builds of the per-board projections below; "

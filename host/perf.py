@@ -2,32 +2,46 @@
 
 The golden device predicts every counter of :class:`hw.isa.Counter` per instruction from this model;
 the RTL's counters are compared against it. The model is the datapath's schedule written down. The
-default schedule (every option of :class:`BuildParams` off, the **serial** schedule) is, per
-instruction::
+default schedule (every option of :class:`BuildParams` off: the schedule of hw/top.py **as built**) runs
+two units side by side. A **fetcher** reads channel 0 one instruction ahead of execution: the next
+instruction's 64-byte header at one beat per cycle (``hb = 64 / beat_bytes`` beats) and its check (a
+cycle), then its constants (``cb`` beats, into the constant bank the executing instruction does not read,
+but not while the executing instruction's quantize pass still reads QC) and their CRC check (a cycle);
+once the sequencer has dispatched it, a GEMV's channel-0 weight block goes into a weight FIFO of
+``fifo_beats`` beats (from which gearbox 0 reads), and the next header follows at once. The
+**sequencer** dispatches an instruction (a cycle) once the previous one is done and the fetcher has it,
+and executes it. Per instruction ``i`` (``X[i-1]``: the previous instruction's last cycle; ``F``: the cycle
+the fetcher starts this header, the cycle after the previous dispatch or after the previous GEMV's last
+channel-0 weight beat entered the FIFO; ``Q``: the first cycle the previous instruction no longer reads
+QC, its GEMV_START, or for LOAD_TOKEN its first epilogue cycle)::
 
-    GEMV        cycles = header + prologue + body + drain
-      header    = 1 + 16 + 1 + [const_beats + 1] + 1        NEXT, header word by word, its check,
-                                                             constants at beat rate and their check, EXEC
+    c0 = max(F + hb + 1, Q)                               first constant beat
+    R  = c0 + cb + 1   (F + hb + 1 without constants)     fetched and checked
+    D  = max(X[i-1] + 1, R)                               dispatch
+    GEMV        X[i] = D + 1 + prologue + 1 + body + drain        EXEC, ..., GEMV_START, ...
       prologue  = SCALAR_CYCLES + 1 + ceil(K / quant_lanes) + QUANT_LATENCY       0 with REUSE_CODES
-      body      = 1 + max(N, max over channels c of max(4 + rows_c * ceil(K / lanes_per_channel),
-                                                        ceil(block_data_bytes_c / beat_bytes) + 5))
+      body      = max(N, max over channels c of max(4 + rows_c * ceil(K / lanes_per_channel),
+                                                    ceil(block_data_bytes_c / beat_bytes) + 5))
       drain     = GEMV_LATENCY + ceil(log2(lanes_per_channel)) + EPILOGUE_LATENCY + DONE_LATENCY + 1
-    LOAD_TOKEN  cycles = 1 + token_packet_words + 1 + (16 + 1) + (16 + 1) + [const_beats + 1] + 1
-                         + H + EPILOGUE_LATENCY + DONE_LATENCY
-    END_TOKEN   cycles = 1 + 16 + 1 + ((-(V + 8)) mod 16) + 8     header, then padding and the 8-word trailer
+      next F    = D + beats_0 + 1, or later when the block is deeper than the FIFO: the FIFO then
+                  waits for gearbox 0 (about start + 2 + (beats_0 - 1 - fifo_beats) * max(1, compute_0 /
+                  beats_0), ``start`` the GEMV_START cycle)
+    LOAD_TOKEN  F = 1 + token_packet_words + 1 + (16 + 1) + 1     (token packet and image header, word by word)
+                X = D + 1 + H + EPILOGUE_LATENCY + DONE_LATENCY;   next F = D + 1
+    END_TOKEN   X = D + ((-(V + 8)) mod 16) + 8      padding and the 8-word trailer (then the commit)
 
-(``const_beats``: ``ceil(const_section_bytes / beat_bytes)``, the bracketed terms only when the instruction
-has constants; ``const_section_bytes``, :func:`host.image.const_section_bytes`: the QC vector (K words) and
-n_consts vectors of N words, each padded to a whole 64-byte section; weight blocks and packets are padded to
-64-byte sections too, :data:`hw.isa.SECTION_BYTES`.) This is hw/top.py's sequencer:
+(``cb``: ``ceil(const_section_bytes / beat_bytes)``; ``const_section_bytes``,
+:func:`host.image.const_section_bytes`: the QC vector (K words) and n_consts vectors of N words, each padded
+to a whole 64-byte section; weight blocks and packets are padded to 64-byte sections too,
+:data:`hw.isa.SECTION_BYTES`.) In words:
 
-* the token packet and every 64-byte header (image and instruction) are read one 32-bit word per cycle
-  (16 cycles a header, whatever the bus width), each then checked in one cycle; constants arrive on
-  channel 0 at one beat per cycle, after the previous instruction has finished; one cycle dispatches an
-  instruction (EXEC) and one moves to the next (NEXT);
+* the token packet and the image header are read one 32-bit word per cycle, each then checked in a cycle;
+  instruction headers and constants at one beat per cycle, while the previous GEMV computes (in the
+  cycles channel 0 does not need for weights, thanks to the weight FIFO) and while it drains: when they
+  fit there, an instruction costs two sequencer cycles (DISPATCH, EXEC) before its prologue;
 * a GEMV that forms new codes pays the scalar unit (:data:`SCALAR_CYCLES`: ``127/A`` and the integer
   square root in parallel, then one division), one command cycle and the quantize prologue: together the
-  absmax barrier;
+  absmax barrier (its source vector is written by the previous instruction's epilogue, so it waits);
 * each channel's lane group (``lanes / channels`` lanes) computes its rows, one row at a time, in
   ``ceil(K / lanes_per_channel)`` cycles per row, while its weight stream delivers one beat per cycle;
   the slower of the two binds (the gearbox adds :data:`GEARBOX_CMD_LATENCY` before the first chunk, or
@@ -39,13 +53,14 @@ n_consts vectors of N words, each padded to a whole 64-byte section; weight bloc
   head) and commits the state.
 
 Counters (:class:`hw.isa.Counter`) are attributed to the instruction that is running: an instruction's
-counters run from the end of the previous one (its ``NEXT``) to its own end (END_TOKEN: its commit).
+counters run from the end of the previous one to its own end (END_TOKEN: its commit). So the beats of an
+instruction's header and constants that the fetcher takes while the previous instruction still runs are
+counted in the previous instruction's ``STREAM_BEATS``, and an instruction's cost depends on the one
+before it: a token is scheduled as a timeline (:func:`schedule`, :func:`token_counters`).
 
 The options of :class:`BuildParams` (``overlap_headers``, ``stripe_consts``, ``overlap_prologue``,
 ``stream_prologue``) model proposed schedule changes (docs/PERFORMANCE_MODEL.md says what each needs in
-hardware and in the image layout); with any of them on, a token is scheduled as a timeline
-(:func:`schedule`) in which an instruction's cost depends on the ones before it, so use
-:func:`token_counters` rather than :func:`instruction_counters`.
+hardware and in the image layout).
 
 Stream efficiency (docs/ARCHITECTURE.md section 3) is
 ``max(image bytes / (channels * beat bytes), trits / lanes) / cycles`` over a whole token.
@@ -66,7 +81,7 @@ from hw.isa import Buffer, Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 
 __all__ = [
     "BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "RECIP_CYCLES", "QUANT_LATENCY", "EPILOGUE_LATENCY",
-    "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "instruction_counters", "token_counters",
+    "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters",
     "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "InstrShape", "ProgramShape",
     "program_shapes", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
 ]
@@ -87,21 +102,23 @@ INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)    #: 64
 #: END_TOKEN after the header: the output packet without logits (one 64-byte section: header, padding, CRC)
 #: on a 32-bit output stream, then the state commit
 OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + 1
-#: The sequencer of hw/top.py (serial schedule): it reads the token packet and every 64-byte header one
-#: 32-bit word per cycle (a 16-word header takes 16 cycles whatever the bus width), then spends a cycle
-#: checking it (magic, CRC, shape); constants go at one beat per cycle plus a cycle for their CRC check;
-#: one cycle dispatches the instruction (EXEC) and one moves to the next (NEXT, which loads the next
-#: header's first beat). A GEMV spends one cycle handing the quantizer its command, one starting the
-#: rows (GEMV_START) and one after its epilogue finishes (GEMV_DRAIN).
+#: The sequencer of hw/top.py: it reads the token packet and the image header one 32-bit word per cycle
+#: (16 cycles a header whatever the bus width), then spends a cycle checking each; its fetcher reads
+#: instruction headers and constants at one beat per cycle plus a cycle for each CRC check (module
+#: docstring). A GEMV spends one cycle handing the quantizer its command, one starting the rows (GEMV_START)
+#: and one after its epilogue finishes (GEMV_DRAIN).
 HEADER_WORD_CYCLES = isa.layout_bytes(isa.InstrHeader) // 4
 SEQ_CHECK_CYCLES = 1
-SEQ_DISPATCH_CYCLES = 2                       #: EXEC + NEXT
+SEQ_DISPATCH_CYCLES = 2                       #: DISPATCH + EXEC
 GEMV_SEQ_CYCLES = 2                           #: GEMV_START + GEMV_DRAIN
 QUANT_CMD_CYCLES = 1
 #: hw/gearbox.py: a command's first chunk 4 cycles after it (compute-bound GEMVs); the last chunk 4-5 cycles
 #: after the block's last data beat (stream-bound: 5 measured on most shapes, 4 on some alignments)
 GEARBOX_CMD_LATENCY = 4
 GEARBOX_STREAM_LATENCY = 5
+#: hw/top.py: channel 0's weight FIFO (amaranth.lib.fifo.SyncFIFOBuffered): a beat written in cycle t can be
+#: read from cycle t + 2
+WEIGHT_FIFO_LATENCY = 2
 
 #: The schedule options of :class:`BuildParams` (all False: the serial schedule, the default).
 SCHEDULE_OPTIONS = ("overlap_headers", "stripe_consts", "overlap_prologue", "stream_prologue")
@@ -197,11 +214,6 @@ class BuildParams:
     def serial(self) -> bool:
         """True for the default schedule (no proposed option on)."""
         return not any(getattr(self, name) for name in SCHEDULE_OPTIONS)
-
-    @property
-    def context_free(self) -> bool:
-        """True when an instruction's counters do not depend on the instructions before it."""
-        return not (self.overlap_headers or self.overlap_prologue)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -442,6 +454,9 @@ class _Timeline:
     bank_free: list[int] = field(default_factory=lambda: [0, 0])
     ch_free: list[int] = field(default_factory=list)
     prev: object = None
+    fetch_free: int = 0         #: as built: the cycle the fetcher starts the next header
+    qc_free: int = 0            #: as built: the first cycle the executing instruction no longer reads QC
+    prev_counters: dict | None = None   #: the previous instruction's counters (beats prefetched during it)
 
     def __post_init__(self):
         if not self.ch_free:
@@ -469,29 +484,41 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         hbytes[0] += IMAGE_HEADER_BYTES   # the image header precedes the program's first instruction
     head = [_beats(b, beat) for b in hbytes]
     c[Counter.STREAM_BEATS] += sum(head)
-    seq = 0                    # sequencer cycles outside the header (serial schedule: hw/top.py)
+    seq = 0                    # sequencer cycles outside the header (as built: hw/top.py)
+    t0 = tl.done
+    fetch = None
     if not build.overlap_headers:
-        # hw/top.py reads headers word by word: NEXT, 16 words, the check; constants at beat rate and their
-        # check; EXEC. LOAD_TOKEN's are the token packet (word by word, then its CRC check) and the image
-        # header, after the first beat's load.
-        const_beats = _beats(hbytes[0] - INSTR_HEADER_BYTES
-                             - (IMAGE_HEADER_BYTES if ins.opcode is Opcode.LOAD_TOKEN else 0), beat)
-        h0 = HEADER_WORD_CYCLES + SEQ_CHECK_CYCLES + (const_beats + SEQ_CHECK_CYCLES if const_beats else 0)
+        # hw/top.py's fetcher reads this instruction's header at beat rate (hb beats), checks it (a cycle), loads
+        # its constants (cb beats, once the executing instruction no longer reads QC) and checks their CRC (a
+        # cycle); the sequencer dispatches it (a cycle, not before the previous instruction is done) and
+        # executes it from EXEC (a cycle; END_TOKEN goes straight to its output packet). LOAD_TOKEN's fetch
+        # follows the token packet and the image header, read word by word.
+        hb = _beats(INSTR_HEADER_BYTES, beat)
+        cb = _beats(hbytes[0] - INSTR_HEADER_BYTES
+                    - (IMAGE_HEADER_BYTES if ins.opcode is Opcode.LOAD_TOKEN else 0), beat)
         if ins.opcode is Opcode.LOAD_TOKEN:
             tok_words = token_packet_bytes(ins.n) // 4
-            h0 += 1 + tok_words + SEQ_CHECK_CYCLES + HEADER_WORD_CYCLES + SEQ_CHECK_CYCLES
+            h0 = t0 + 1 + tok_words + SEQ_CHECK_CYCLES + HEADER_WORD_CYCLES + SEQ_CHECK_CYCLES + 1
+            ready = h0
         else:
-            h0 += 1            # NEXT (the previous instruction's end)
-        if ins.opcode is not Opcode.END_TOKEN:
-            h0 += 1            # EXEC
-        head = [h0] + head[1:]
-    if build.overlap_headers:
+            h0 = tl.fetch_free
+            ready = t0 + 1
+        c0 = max(h0 + hb + SEQ_CHECK_CYCLES, tl.qc_free)     # first constant beat
+        r = c0 + cb + SEQ_CHECK_CYCLES if cb else h0 + hb + SEQ_CHECK_CYCLES
+        # striped constants on channels > 0 (a proposed layout): they precede the weights there
+        dispatch = max(ready, r, *(t0 + 1 + h for h in head[1:]))
+        head_done = dispatch + (0 if ins.opcode is Opcode.END_TOKEN else 1)
+        # this instruction's header and constant beats taken while the previous instruction still ran
+        early = min(max(t0 - h0 + 1, 0), hb) + (min(max(t0 - c0 + 1, 0), cb) if cb else 0)
+        if early and tl.prev_counters is not None:
+            tl.prev_counters[Counter.STREAM_BEATS] += early
+            c[Counter.STREAM_BEATS] -= early
+        fetch = dispatch + 1   # the next header: after this one's dispatch (and a GEMV's channel-0 block)
+        head_done_ch = [head_done] * build.channels
+    else:
         # double-buffered header unit: this header replaces the one of the instruction before the previous
         head_done_ch = [max(tl.ch_free[ch], tl.done_before) + h for ch, h in enumerate(head)]
-    else:
-        head_done_ch = [tl.done + h for h in head]
     head_done = max(head_done_ch)
-    t0 = tl.done
     new_ch = [max(t, d) for t, d in zip(tl.ch_free, head_done_ch, strict=True)]
 
     if ins.opcode is Opcode.GEMV:
@@ -539,6 +566,16 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 data_beats = _beats(isa.packed_trit_bytes(channel_rows(ins.n, info.channels, ch) * ins.k,
                                                           info.packing), beat)
                 lanes_end = max(start + GEARBOX_CMD_LATENCY + compute, start + data_beats + GEARBOX_STREAM_LATENCY)
+                if ch == 0:
+                    # channel 0's block goes into the weight FIFO from the cycle after the dispatch, a beat per
+                    # cycle, at most fifo_beats ahead of gearbox 0 (which reads from the cycle after the rows
+                    # start, at the lanes' pace); the next instruction's header follows the block's last beat
+                    w_end = fetch + beats - 1
+                    if beats > build.fifo_beats:
+                        pace = max(1.0, compute / beats)
+                        w_end = max(w_end, start + WEIGHT_FIFO_LATENCY
+                                    + math.ceil((beats - 1 - build.fifo_beats) * pace))
+                    fetch = w_end + 1
             stall = max(stall, lanes_end - start - compute)
             new_ch[ch] = s_end
             end = max(end, lanes_end)
@@ -547,6 +584,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         c[Counter.TRITS] = ins.n * ins.k
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
         done = end + drain_cycles(build) + (seq - seq // 2)
+        tl.qc_free = start
         tl.quant_free = quant_free
         tl.lanes_free = end
         tl.bank = bank
@@ -563,6 +601,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         done = end + EPILOGUE_LATENCY + DONE_LATENCY
         new_ch[0] = max(new_ch[0], start + tok)
         tl.lanes_free = done
+        tl.qc_free = head_done + 1
     elif ins.opcode is Opcode.END_TOKEN:
         c[Counter.TOKENS] = 1
         start = end = max(head_done, tl.done)
@@ -577,6 +616,9 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
     else:
         raise ValueError(f"no cycle model for opcode {ins.opcode!r}")
     c[Counter.CYCLES] = done - t0
+    if fetch is not None:
+        tl.fetch_free = fetch
+    tl.prev_counters = c
     tl.done_before = tl.done
     tl.ch_free = new_ch
     tl.done = done
@@ -614,30 +656,6 @@ def token_counters(instructions: Sequence, info, build: BuildParams) -> tuple[li
     """Predicted counters of a whole token: ``(per instruction, totals)``; valid for every schedule option."""
     per = [s.counters for s in schedule(instructions, info, build)]
     return per, {k: sum(c[k] for c in per) for k in Counter}
-
-
-def instruction_counters(ins, info, build: BuildParams) -> dict[Counter, int]:
-    """Predicted counters of one instruction (:class:`host.image.Instruction` or :class:`InstrShape`).
-
-    Summing them over a program gives :func:`token_counters`'s totals when ``build.context_free`` (the
-    default serial schedule, ``stripe_consts``, ``stream_prologue``).
-
-    Parameters
-    ----------
-    ins : host.image.Instruction or InstrShape
-    info : host.image.ImageInfo or ProgramShape
-    build : BuildParams
-
-    Raises
-    ------
-    ValueError
-        When ``build`` overlaps instructions (``overlap_headers`` or ``overlap_prologue``): an
-        instruction's cost then depends on the one before it; use :func:`token_counters`.
-    """
-    if not build.context_free:
-        raise ValueError("with overlap_headers or overlap_prologue an instruction's counters depend on the "
-                         "instructions before it: use host.perf.token_counters(instructions, info, build)")
-    return _step(ins, info, build, _Timeline(build.channels)).counters
 
 
 def stream_efficiency(image_bytes: int, trits: int, cycles: int, build: BuildParams) -> float:

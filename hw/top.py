@@ -1,10 +1,12 @@
 """The accelerator core: streams in a token packet and the model image, runs the token, streams out the
 output packet; AXI4-Lite registers for the ID block, status and counters.
 
-The sequencer here parses channel 0 (token packet, image header, instruction headers: a 32-bit word
-per cycle; constant sections: a whole beat per cycle), checks every magic, CRC, opcode, micro-op and
-shape the golden device checks (same :class:`hw.isa.ErrorCause`, same precedence), and for each
-instruction drives the components of ``docs/RTL.md``: ScalarUnit -> Quantizer -> per channel
+The sequencer here parses channel 0's token packet and image header (a 32-bit word per cycle); a fetcher
+reads the instruction headers and constant sections (a whole beat per cycle) one instruction ahead of
+execution, into a second constant bank, while the current GEMV computes (channel 0's weights go through a
+FIFO, so that the stream runs ahead of the lanes). Together they check every magic, CRC, opcode, micro-op
+and shape the golden device checks (same :class:`hw.isa.ErrorCause`, same precedence), and for each
+instruction the sequencer drives the components of ``docs/RTL.md``: ScalarUnit -> Quantizer -> per channel
 TritGearbox -> TernaryGemv, rows merged in order into the Epilogue. END_TOKEN commits the recurrent state
 (a bank flip) and sends the output trailer. An error stops the token: the committed state is untouched,
 ``STATUS.error`` and ``ERROR_CAUSE``/``ERROR_WHERE`` say why, every input is drained (never blocking the
@@ -17,7 +19,7 @@ image (``tlast`` on its last beat); channel ``c > 0`` carries its weight blocks 
 from contextlib import contextmanager
 
 from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
-from amaranth.lib import crc, data, memory, wiring
+from amaranth.lib import crc, data, fifo, memory, wiring
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.utils import ceil_log2
 
@@ -36,6 +38,8 @@ from hw.vbuf import VectorBuffer
 __all__ = ["AXIStreamSignature", "Accelerator"]
 
 INT32 = signed(32)
+#: default depth of channel 0's weight FIFO in beats (host.perf.BuildParams.fifo_beats models it)
+WEIGHT_FIFO_BEATS = 1024
 
 
 class AXIStreamSignature(wiring.Signature):
@@ -72,6 +76,9 @@ class Accelerator(wiring.Component):
         Buffer capacities (``ID_MAX_*``).
     lut_segments_log2 : int
         Sigmoid LUT size (images must match).
+    weight_fifo_beats : int
+        Depth (beats) of channel 0's weight FIFO (>= 16): how far channel 0 may run ahead of its lanes, so
+        that the next instruction's header and constants stream while the current GEMV still computes.
 
     Attributes
     ----------
@@ -84,10 +91,12 @@ class Accelerator(wiring.Component):
 
     def __init__(self, *, lanes: int = 16, channels: int = 1, bus_bits: int = 64, quant_lanes: int = 4,
                  packing: TritPacking = TritPacking.BASE3, max_hidden: int = 512, max_intermediate: int = 1024,
-                 max_layers: int = 8, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2):
+                 max_layers: int = 8, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2,
+                 weight_fifo_beats: int = WEIGHT_FIFO_BEATS):
         for name, v in (("lanes", lanes), ("channels", channels), ("bus_bits", bus_bits),
                         ("quant_lanes", quant_lanes), ("max_hidden", max_hidden),
-                        ("max_intermediate", max_intermediate), ("max_layers", max_layers)):
+                        ("max_intermediate", max_intermediate), ("max_layers", max_layers),
+                        ("weight_fifo_beats", weight_fifo_beats)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise TypeError(f"{name} must be a positive integer, got {v!r}")
         if not 1 <= channels <= 4:
@@ -100,12 +109,15 @@ class Accelerator(wiring.Component):
             raise ValueError(f"quant_lanes ({quant_lanes}) must be a power of two <= lanes per channel")
         if (lanes // channels) % quant_lanes:
             raise ValueError(f"quant_lanes ({quant_lanes}) must divide lanes per channel ({lanes // channels})")
+        if weight_fifo_beats < 16:
+            raise ValueError(f"weight_fifo_beats must be >= 16, got {weight_fifo_beats}")
         if max_hidden > isa.MAX_HIDDEN or max_intermediate > isa.MAX_INTERMEDIATE or max_layers > isa.MAX_LAYERS:
             raise ValueError("buffer capacities exceed the ISA limits")
         self.packing = TritPacking(packing)
         self.lanes, self.channels, self.bus_bits, self.quant_lanes = lanes, channels, bus_bits, quant_lanes
         self.max_hidden, self.max_intermediate, self.max_layers = max_hidden, max_intermediate, max_layers
         self.lut_segments_log2 = lut_segments_log2
+        self.weight_fifo_beats = weight_fifo_beats
         self.max_k = max(max_hidden, max_intermediate)
         members = {f"s_axis_w{c}": Out(AXIStreamSignature(bus_bits)) for c in range(channels)}
         members["m_axis_out"] = In(AXIStreamSignature(32))
@@ -168,9 +180,12 @@ class Accelerator(wiring.Component):
         m.submodules.buf_a = ba = VectorBuffer(depth=vmax, banks=Q, read_group=Q)
         m.submodules.buf_p = bp = VectorBuffer(depth=vmax, banks=Q, read_group=Q)
         m.submodules.buf_qc = bqc = VectorBuffer(depth=self.max_k, banks=bw, write_group=W, read_group=Q)
+        # constants: two banks (the executing instruction's, and the next one's being prefetched), a whole
+        # number of 64-byte sections each
+        cdepth = -(-max(vmax, 16) // 16) * 16
         bcs = []
         for j in range(isa.MAX_CONSTS):
-            b = VectorBuffer(depth=max(vmax, 16), banks=W, write_group=W)
+            b = VectorBuffer(depth=2 * cdepth, banks=W, write_group=W)
             m.submodules[f"buf_c{j}"] = b
             bcs.append(b)
         m.submodules.buf_token = btok = VectorBuffer(depth=self.max_hidden, banks=1)
@@ -201,7 +216,6 @@ class Accelerator(wiring.Component):
         m.d.comb += word_last.eq(beat_last & (widx == W - 1))
         mode_word = Signal()          # 1: serializer owns channel 0; 0: beat consumers
         beat_to_consts = Signal()
-        beat_to_gear0 = Signal()
         with m.If(word_take):
             m.d.sync += widx.eq(widx + 1)
             with m.If(widx == W - 1):
@@ -215,9 +229,15 @@ class Accelerator(wiring.Component):
         with m.If(draining):
             m.d.comb += ch0.tready.eq(1)
             m.d.sync += [beat_full.eq(0), widx.eq(0)]
-        m.d.comb += [gear[0].i.payload.data.eq(ch0.tdata), gear[0].i.valid.eq(ch0.tvalid & beat_to_gear0)]
-        with m.If(beat_to_gear0):
-            m.d.comb += ch0.tready.eq(gear[0].i.ready)
+        # channel 0's weight beats go through a FIFO into gearbox 0 (the stream runs ahead of the lanes)
+        wfifo = fifo.SyncFIFOBuffered(width=self.bus_bits, depth=self.weight_fifo_beats)
+        m.submodules.wfifo = reset(wfifo)
+        gear0_on = Signal()           # the executing GEMV's gearbox 0 takes beats from the FIFO
+        m.d.comb += [gear[0].i.payload.data.eq(wfifo.r_data), gear[0].i.valid.eq(wfifo.r_rdy & gear0_on),
+                     wfifo.r_en.eq(gear[0].i.ready & gear0_on), wfifo.w_data.eq(ch0.tdata)]
+        beat_to_fifo = Signal()       # the fetcher pushes the executing GEMV's channel-0 block into the FIFO
+        with m.If(beat_to_fifo):
+            m.d.comb += [ch0.tready.eq(wfifo.w_rdy), wfifo.w_en.eq(ch0.tvalid)]
 
         # ---------------- CRC processors
         crc_w = crc.catalog.CRC32_ETHERNET(data_width=32).create()
@@ -237,8 +257,10 @@ class Accelerator(wiring.Component):
         tok_len = Signal(16)
         tok_words = Signal(16)        # words of the whole token packet
         cnt = Signal(32)              # word or beat counter within the current section
-        img = Signal(512)             # image header, then instruction header (shifted in word by word)
-        ih = data.View(InstrHeader, img)
+        img = Signal(512)             # image header (word by word), then the fetched instruction header (beats)
+        ih = data.View(InstrHeader, img)          # the instruction being fetched (prefetched)
+        xhr = Signal(512)             # the executing instruction's header (copied from img at dispatch)
+        xh = data.View(InstrHeader, xhr)
         hidden, inter, n_layers, vocab = Signal(16), Signal(16), Signal(16), Signal(16)
         n_instr, instr_idx = Signal(32), Signal(32)
         state_bank = Signal()         # bank holding the committed state
@@ -248,8 +270,10 @@ class Accelerator(wiring.Component):
         rq_m, rq_s = Signal(26), Signal(6)
         n_logits = Signal(16)
         cvec, cbeat = Signal(3), Signal(16)      # constants: current vector and its beat
-        ch0_block_beats = Signal(24)
-        ch0_beats_left = Signal(24)
+        xbank = Signal()              # constant bank of the executing instruction (the fetcher fills ~xbank)
+        f_block_beats = Signal(24)    # channel-0 weight beats of the fetched instruction
+        x_block_beats = Signal(24)    # ... of the executing one
+        g0_cnt = Signal(24)           # beats gearbox 0 took from the FIFO in the executing GEMV
         rows_done = Signal(16)
         gear_cmd_sent = Signal()
 
@@ -273,11 +297,13 @@ class Accelerator(wiring.Component):
         with m.Else():
             m.d.comb += vec_beats.eq((n_words * 4) // beat_bytes)
 
-        # constant writes (beat-wide)
+        # constant writes (beat-wide) into the bank the executing instruction does not read
+        cwaddr = Signal(16)
+        m.d.comb += cwaddr.eq(cbeat + Mux(xbank, 0, cdepth // W))
         for j, b in enumerate(bcs):
             cj = Signal(3, name=f"cidx{j}")
             m.d.comb += cj.eq(cvec - ih.flags.as_value()[1])
-            m.d.comb += [b.wr_wide.addr.eq(cbeat), b.wr_wide.data.eq(ch0.tdata),
+            m.d.comb += [b.wr_wide.addr.eq(cwaddr), b.wr_wide.data.eq(ch0.tdata),
                          b.wr_wide.en.eq(beat_to_consts & ch0.tvalid & ~is_qc & (cj == j))]
         m.d.comb += [bqc.wr_wide.addr.eq(cbeat), bqc.wr_wide.data.eq(ch0.tdata),
                      bqc.wr_wide.en.eq(beat_to_consts & ch0.tvalid & is_qc)]
@@ -290,7 +316,9 @@ class Accelerator(wiring.Component):
         for name, buf in (("rd_x", bx), ("rd_a", ba), ("rd_p", bp)):
             rd(getattr(epi, name), buf)
         for j, b in enumerate(bcs):
-            rd(getattr(epi, f"rd_c{j}"), b)
+            port = getattr(epi, f"rd_c{j}")
+            m.d.comb += [b.rd.addr.eq(port.addr + Mux(xbank, cdepth, 0)), b.rd.en.eq(port.en),
+                         port.data.eq(b.rd.data)]
         layer = Signal(8)
         so = state.read_port()
         sn = state.read_port()
@@ -355,7 +383,7 @@ class Accelerator(wiring.Component):
             for c in range(C):
                 with m.If(rsel == c):
                     m.d.comb += [epi.i.payload.value.eq(gemv[c].o.payload.acc), epi.i.payload.index.eq(row),
-                                 epi.i.payload.last.eq(row == ih.n - 1), epi.i.valid.eq(gemv[c].o.valid),
+                                 epi.i.payload.last.eq(row == xh.n - 1), epi.i.valid.eq(gemv[c].o.valid),
                                  gemv[c].o.ready.eq(epi.i.ready)]
             with m.If(epi.i.valid & epi.i.ready):
                 m.d.sync += row.eq(row + 1)
@@ -407,36 +435,199 @@ class Accelerator(wiring.Component):
         first_out = Signal(init=1)    # the next output word starts a packet (the last one ended with tlast)
         clear_pending = Signal()      # CTRL.clear while an aborted output packet was still being closed
         lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
-        instr_done = Signal()         # an instruction completes this cycle (its last: the next one's NEXT follows)
+        instr_done = Signal()         # an instruction completes this cycle (the next one's DISPATCH follows)
         m.d.sync += ctr[Counter.INSTRUCTIONS].eq(ctr[Counter.INSTRUCTIONS] + instr_done)
         m.d.sync += ctr[Counter.STREAM_STALLS].eq(ctr[Counter.STREAM_STALLS] + stalls)
         m.d.comb += [regs.busy.eq(busy), regs.done.eq(done), regs.error.eq(err), regs.error_cause.eq(err_cause),
                      regs.error_where.eq(err_where), regs.position.eq(position),
                      regs.argmax.eq(epi.argmax_index), self.irq.eq(done | err)]
         bank_flip = Signal()
-        m.d.comb += [scalar.i.payload.cb_mant.eq(ih.cb_mant), scalar.i.payload.cb_shift.eq(ih.cb_shift),
-                     scalar.i.payload.out_frac.eq(ih.out_frac)]
-        with m.Switch(ih.ssq_reg):
+        m.d.comb += [scalar.i.payload.cb_mant.eq(xh.cb_mant), scalar.i.payload.cb_shift.eq(xh.cb_shift),
+                     scalar.i.payload.out_frac.eq(xh.out_frac)]
+        with m.Switch(xh.ssq_reg):
             for k in range(8):
                 with m.Case(k):
                     m.d.comb += scalar.i.payload.ssq.eq(epi.regs[k])
-        with m.Switch(ih.amax_reg):
+        with m.Switch(xh.amax_reg):
             for k in range(8):
                 with m.Case(k):
                     m.d.comb += scalar.i.payload.amax.eq(epi.regs[k][:32])
-        m.d.comb += [quant.cmd.payload.k.eq(ih.k), quant.cmd.payload.q_shift.eq(ih.q_shift),
-                     quant.cmd.payload.qconst.eq(ih.flags.as_value()[1]), quant.cmd.payload.r_mant.eq(rq_m),
+        m.d.comb += [quant.cmd.payload.k.eq(xh.k), quant.cmd.payload.q_shift.eq(xh.q_shift),
+                     quant.cmd.payload.qconst.eq(xh.flags.as_value()[1]), quant.cmd.payload.r_mant.eq(rq_m),
                      quant.cmd.payload.r_shift.eq(rq_s)]
         for c, g in enumerate(gear):
-            m.d.comb += [g.cmd.payload.rows.eq((ih.n + (C - 1 - c)) // C if C > 1 else ih.n),
-                         g.cmd.payload.k.eq(ih.k)]
+            m.d.comb += [g.cmd.payload.rows.eq((xh.n + (C - 1 - c)) // C if C > 1 else xh.n),
+                         g.cmd.payload.k.eq(xh.k)]
+
+        # ---------------- the fetcher: channel 0 after the image header, one instruction ahead of execution
+        # It reads an instruction's header (whole beats, the CRC over the beats) and checks it, loads the
+        # instruction's constants into the bank the executing instruction does not read (QC once the executing
+        # instruction's quantize pass is over), and waits for the sequencer to dispatch it; a dispatched GEMV's
+        # channel-0 weight block goes into the weight FIFO, and the next header follows at once. So the next
+        # instruction's header and constants stream while the current GEMV computes. An error in a prefetched
+        # instruction is held until the sequencer would have reached it (same cause and ERROR_WHERE as a serial
+        # parse); a weight beat with tlast (TRUNCATED) belongs to the executing GEMV and is raised at once.
+        hdr_beats = isa.layout_bytes(InstrHeader) // beat_bytes
+        f_idx = Signal(32)            # index of the instruction being fetched
+        f_cnt = Signal(24)            # header or weight beats of the current section
+        f_last = Signal()             # the header's last beat carried tlast
+        f_err = Signal()              # an error found by the fetcher ...
+        f_err_now = Signal()          # ... in the executing instruction (raised at once, not at dispatch)
+        f_err_cause = Signal(8)
+        f_start = Signal()            # the image header checked: fetch instruction 0
+        f_ready = Signal()            # an instruction is fetched and checked, its constants loaded
+        dispatch = Signal()           # the sequencer takes it
+        qc_busy = Signal()            # the executing instruction may still read QC
+        f_kill = Signal()
+        m.d.comb += f_kill.eq(soft_rst)
+        with m.If(f_kill):
+            m.d.sync += [f_err.eq(0), f_err_now.eq(0)]
+
+        def f_fail(cause: ErrorCause, now: bool = False):
+            return [f_err.eq(1), f_err_now.eq(now), f_err_cause.eq(cause.value)]
+
+        @contextmanager
+        def fstate(name):
+            with m.State(name):
+                yield
+                with m.If(f_kill):
+                    m.next = "F_IDLE"
+
+        with m.FSM(init="F_IDLE", name="fetch"):
+            with fstate("F_IDLE"):
+                with m.If(f_start):
+                    m.d.sync += [f_idx.eq(0), f_cnt.eq(0)]
+                    m.next = "F_HDR"
+            with fstate("F_HDR"):
+                with m.If(f_idx == n_instr):
+                    m.d.sync += f_fail(ErrorCause.NO_END)
+                    m.next = "F_ERR"
+                with m.Else():
+                    m.d.comb += [ch0.tready.eq(1), crc_b.valid.eq(ch0.tvalid), crc_b.start.eq(f_cnt == 0)]
+                    with m.If(ch0.tvalid):
+                        m.d.sync += [f_cnt.eq(f_cnt + 1), f_last.eq(ch0.tlast),
+                                     img.eq(Cat(img[self.bus_bits:], ch0.tdata))]
+                        with m.If(f_cnt == hdr_beats - 1):
+                            m.d.sync += f_cnt.eq(0)
+                            m.next = "F_CHECK"
+                        with m.Elif(ch0.tlast):    # the stream ends inside the header
+                            m.d.sync += f_fail(ErrorCause.TRUNCATED)
+                            m.next = "F_ERR"
+            with fstate("F_CHECK"):
+                bad_op = Signal()
+                bad_shape = Signal()
+                op_ok = []
+                for j in range(isa.MAX_OPS):
+                    u = ih.ops[j]
+                    code = u.as_value()[0:5]
+                    bufv = u.as_value()[11:15]
+                    used = j < ih.n_ops
+                    is_const = (bufv >= Buffer.C0.value) & (bufv <= Buffer.C3.value)
+                    const_ok = ~is_const | ((bufv - Buffer.C0.value) < ih.n_consts)
+                    buf_ok = (bufv <= Buffer.TOKEN.value) | is_const | (bufv == Buffer.NONE.value)
+                    sig = (code == MicroOpcode.SIG.value) | (code == MicroOpcode.SIGNEG.value) | \
+                        (code == MicroOpcode.SILU.value)
+                    sig_ok = ~sig | (u.shift >= self.lut_segments_log2 - nx.LUT_RANGE_LOG2)
+                    op_ok.append(~used | (buf_ok & (u.shift <= 62) & const_ok & sig_ok & (code <= 15)))
+                # hazard rule: no read of a buffer after a store to it in the same program (docs/ISA.md)
+                hazards = []
+                for j in range(isa.MAX_OPS):
+                    uj = ih.ops[j].as_value()
+                    reads_j = Cat(*[uj[0:5] == o.value for o in (MicroOpcode.LD, MicroOpcode.MULV,
+                                                                 MicroOpcode.ADDV, MicroOpcode.SSQ,
+                                                                 MicroOpcode.AMAX)]).any()
+                    for i in range(j):
+                        ui = ih.ops[i].as_value()
+                        hazards.append((j < ih.n_ops) & reads_j & (ui[0:5] == MicroOpcode.ST.value)
+                                       & (ui[11:15] == uj[11:15]))
+                m.d.comb += bad_op.eq(~Cat(*op_ok).all() | (ih.n_ops > isa.MAX_OPS) | Cat(*hazards).any())
+                opc = ih.as_value()[0:8]
+                is_gemv = opc == Opcode.GEMV.value
+                kk, nn = ih.k, ih.n
+                m.d.comb += bad_shape.eq(
+                    (is_gemv & ((kk == 0) | (kk > self.max_k) | ((kk != hidden) & (kk != inter))
+                                | ((nn != hidden) & (nn != inter) & (nn != vocab)) | (ih.layer >= n_layers)))
+                    | ((opc == Opcode.LOAD_TOKEN.value) & (nn != hidden))
+                    | ((opc == Opcode.END_TOKEN.value) & (f_idx != n_instr - 1)))
+                srcv = ih.as_value()[64:68]
+                blk = (((ih.n + C - 1) // C) * ih.k)
+                per = 5 if self.packing is TritPacking.BASE3 else 4
+                m.d.sync += [cvec.eq(0), cbeat.eq(0), f_cnt.eq(0),
+                             f_block_beats.eq((((blk + per - 1) // per + 63) >> 6) * (64 // beat_bytes))]
+                with m.If(~crc_b.match_detected):
+                    m.d.sync += f_fail(ErrorCause.INSTR_CRC)
+                    m.next = "F_ERR"
+                with m.Elif((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)):
+                    m.d.sync += f_fail(ErrorCause.UNKNOWN_OPCODE)
+                    m.next = "F_ERR"
+                with m.Elif(bad_op | (ih.n_consts > isa.MAX_CONSTS)
+                            | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
+                               & (srcv != Buffer.P.value))):
+                    m.d.sync += f_fail(ErrorCause.BAD_MICROOP)
+                    m.next = "F_ERR"
+                with m.Elif(bad_shape):
+                    m.d.sync += f_fail(ErrorCause.BAD_SHAPE)
+                    m.next = "F_ERR"
+                with m.Elif(f_last & (opc != Opcode.END_TOKEN.value)):   # the image ends with this header
+                    m.d.sync += f_fail(ErrorCause.TRUNCATED)
+                    m.next = "F_ERR"
+                with m.Elif((opc != Opcode.END_TOKEN.value) & (const_vecs != 0)):
+                    m.next = "F_CONSTS"
+                with m.Else():
+                    m.next = "F_READY"
+            with fstate("F_CONSTS"):
+                # into the bank the executing instruction does not read; QC once its quantize pass is over
+                with m.If(~qc_busy):
+                    m.d.comb += [beat_to_consts.eq(1), crc_b.start.eq((cvec == 0) & (cbeat == 0))]
+                    with m.If(ch0.tvalid):
+                        m.d.sync += cbeat.eq(cbeat + 1)
+                        with m.If(cbeat == vec_beats - 1):
+                            m.d.sync += [cbeat.eq(0), cvec.eq(cvec + 1)]
+                            with m.If(cvec == const_vecs - 1):
+                                m.next = "F_CCHECK"
+                        with m.If(ch0.tlast):
+                            m.d.sync += f_fail(ErrorCause.TRUNCATED)
+                            m.next = "F_ERR"
+            with fstate("F_CCHECK"):
+                with m.If(crc_b.crc != ih.const_crc):
+                    m.d.sync += f_fail(ErrorCause.CONST_CRC)
+                    m.next = "F_ERR"
+                with m.Else():
+                    m.next = "F_READY"
+            with fstate("F_READY"):
+                m.d.comb += f_ready.eq(1)
+                with m.If(dispatch):
+                    m.d.sync += [f_idx.eq(f_idx + 1), f_cnt.eq(0)]
+                    with m.If(ih.as_value()[0:8] == Opcode.GEMV.value):
+                        m.next = "F_WEIGHTS"
+                    with m.Elif(ih.as_value()[0:8] == Opcode.END_TOKEN.value):
+                        m.next = "F_IDLE"    # the next token packet belongs to the sequencer's word reader
+                    with m.Else():
+                        m.next = "F_HDR"
+            with fstate("F_WEIGHTS"):
+                # the dispatched GEMV's channel-0 block, into the weight FIFO
+                m.d.comb += beat_to_fifo.eq(1)
+                with m.If(ch0.tvalid & wfifo.w_rdy):
+                    m.d.sync += f_cnt.eq(f_cnt + 1)
+                    with m.If(ch0.tlast):   # the image ends with END_TOKEN: no weight beat may be last
+                        m.d.sync += f_fail(ErrorCause.TRUNCATED, now=True)
+                        m.next = "F_ERR"
+                    with m.Elif(f_cnt == x_block_beats - 1):
+                        m.d.sync += f_cnt.eq(0)
+                        m.next = "F_HDR"
+            with fstate("F_ERR"):
+                pass
 
         @contextmanager
         def state(name, *, guarded=True):
-            """An FSM state whose transitions yield to a host abort (CTRL.abort) while a token is in flight."""
+            """An FSM state whose transitions yield to a fetcher error in the executing instruction and to a host
+            abort (CTRL.abort) while a token is in flight."""
             with m.State(name):
                 yield
                 if guarded:
+                    with m.If(f_err & f_err_now):
+                        m.d.sync += [err_cause.eq(f_err_cause), err_where.eq(instr_idx), err.eq(1)]
+                        m.next = "ERROR"
                     with m.If(regs.abort & busy):
                         m.d.sync += fail(ErrorCause.ABORTED)
                         m.next = "ERROR"
@@ -477,7 +668,8 @@ class Accelerator(wiring.Component):
                 with m.Else():
                     m.next = "IMG_HDR"
             with state("IMG_HDR"):
-                m.d.comb += [mode_word.eq(1), more_words.eq(1), busy.eq(1)]
+                # never past the image header's last beat: the fetcher reads the program
+                m.d.comb += [mode_word.eq(1), more_words.eq(cnt != 15), busy.eq(1)]
                 with m.If(beat_full):
                     m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
                     m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
@@ -488,7 +680,7 @@ class Accelerator(wiring.Component):
                         m.d.sync += cnt.eq(0)
                         m.next = "IMG_CHECK"
             with state("IMG_CHECK"):
-                m.d.comb += [mode_word.eq(1), busy.eq(1)]
+                m.d.comb += busy.eq(1)
                 hv = data.View(isa.ImageHeader, img)
                 m.d.sync += [hidden.eq(hv.hidden), inter.eq(hv.intermediate), n_layers.eq(hv.n_layers),
                              vocab.eq(hv.vocab), n_instr.eq(hv.n_instructions), instr_idx.eq(0)]
@@ -515,149 +707,68 @@ class Accelerator(wiring.Component):
                     m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
                     m.next = "ERROR"
                 with m.Else():
-                    m.next = "INSTR_HDR"
-            with state("INSTR_HDR"):
-                m.d.comb += [mode_word.eq(1), more_words.eq(cnt != 15), busy.eq(1)]
-                with m.If(instr_idx == n_instr):
-                    m.d.sync += fail(ErrorCause.NO_END)
-                    m.next = "ERROR"
-                with m.Elif(beat_full):
-                    m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
-                    m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
-                    with m.If(word_last & (cnt != 15)):
-                        m.d.sync += fail(ErrorCause.TRUNCATED)
-                        m.next = "ERROR"
-                    with m.Elif(cnt == 15):
-                        m.d.sync += cnt.eq(0)
-                        m.next = "INSTR_CHECK"
-            with state("INSTR_CHECK"):
-                m.d.comb += busy.eq(1)        # channel 0 now waits at the constants' (or weights') first beat
-                bad_op = Signal()
-                bad_shape = Signal()
-                op_ok = []
-                for j in range(isa.MAX_OPS):
-                    u = ih.ops[j]
-                    code = u.as_value()[0:5]
-                    bufv = u.as_value()[11:15]
-                    used = j < ih.n_ops
-                    is_const = (bufv >= Buffer.C0.value) & (bufv <= Buffer.C3.value)
-                    const_ok = ~is_const | ((bufv - Buffer.C0.value) < ih.n_consts)
-                    buf_ok = (bufv <= Buffer.TOKEN.value) | is_const | (bufv == Buffer.NONE.value)
-                    sig = (code == MicroOpcode.SIG.value) | (code == MicroOpcode.SIGNEG.value) | \
-                        (code == MicroOpcode.SILU.value)
-                    sig_ok = ~sig | (u.shift >= self.lut_segments_log2 - nx.LUT_RANGE_LOG2)
-                    op_ok.append(~used | (buf_ok & (u.shift <= 62) & const_ok & sig_ok & (code <= 15)))
-                # hazard rule: no read of a buffer after a store to it in the same program (docs/ISA.md)
-                hazards = []
-                for j in range(isa.MAX_OPS):
-                    uj = ih.ops[j].as_value()
-                    reads_j = Cat(*[uj[0:5] == o.value for o in (MicroOpcode.LD, MicroOpcode.MULV,
-                                                                 MicroOpcode.ADDV, MicroOpcode.SSQ,
-                                                                 MicroOpcode.AMAX)]).any()
-                    for i in range(j):
-                        ui = ih.ops[i].as_value()
-                        hazards.append((j < ih.n_ops) & reads_j & (ui[0:5] == MicroOpcode.ST.value)
-                                       & (ui[11:15] == uj[11:15]))
-                m.d.comb += bad_op.eq(~Cat(*op_ok).all() | (ih.n_ops > isa.MAX_OPS) | Cat(*hazards).any())
-                opc = ih.as_value()[0:8]
-                is_gemv = opc == Opcode.GEMV.value
-                kk, nn = ih.k, ih.n
-                m.d.comb += bad_shape.eq(
-                    (is_gemv & ((kk == 0) | (kk > self.max_k) | ((kk != hidden) & (kk != inter))
-                                | ((nn != hidden) & (nn != inter) & (nn != vocab)) | (ih.layer >= n_layers)))
-                    | ((opc == Opcode.LOAD_TOKEN.value) & (nn != hidden))
-                    | ((opc == Opcode.END_TOKEN.value) & (instr_idx != n_instr - 1)))
-                srcv = ih.as_value()[64:68]
-                m.d.sync += [src.eq(srcv), layer.eq(ih.layer), cfg_ops.eq(ih.ops), cfg_nops.eq(ih.n_ops),
-                             cvec.eq(0), cbeat.eq(0), cnt.eq(0)]
-                with m.If(~crc_w.match_detected):
-                    m.d.sync += fail(ErrorCause.INSTR_CRC)
-                    m.next = "ERROR"
-                with m.Elif((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)):
-                    m.d.sync += fail(ErrorCause.UNKNOWN_OPCODE)
-                    m.next = "ERROR"
-                with m.Elif(bad_op | (ih.n_consts > isa.MAX_CONSTS)
-                            | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
-                               & (srcv != Buffer.P.value))):
-                    m.d.sync += fail(ErrorCause.BAD_MICROOP)
-                    m.next = "ERROR"
-                with m.Elif(bad_shape):
-                    m.d.sync += fail(ErrorCause.BAD_SHAPE)
-                    m.next = "ERROR"
-                with m.Elif(beat_last & (opc != Opcode.END_TOKEN.value)):   # the image ends with this header
-                    m.d.sync += fail(ErrorCause.TRUNCATED)
-                    m.next = "ERROR"
-                with m.Elif(opc == Opcode.END_TOKEN.value):
-                    m.next = "END"
-                with m.Elif(const_vecs != 0):
-                    m.next = "CONSTS"
-                with m.Else():
-                    m.next = "EXEC"
-            with state("CONSTS"):
-                m.d.comb += [beat_to_consts.eq(1), busy.eq(1), crc_b.start.eq((cvec == 0) & (cbeat == 0))]
-                with m.If(ch0.tvalid):
-                    m.d.sync += cbeat.eq(cbeat + 1)
-                    with m.If(cbeat == vec_beats - 1):
-                        m.d.sync += [cbeat.eq(0), cvec.eq(cvec + 1)]
-                        with m.If(cvec == const_vecs - 1):
-                            m.next = "CONST_CHECK"
-                    with m.If(ch0.tlast):
-                        m.d.sync += fail(ErrorCause.TRUNCATED)
-                        m.next = "ERROR"
-            with state("CONST_CHECK"):
+                    m.d.comb += f_start.eq(1)
+                    m.next = "DISPATCH"
+            with state("DISPATCH"):
+                # the next instruction, once the fetcher has it (or the error the fetcher found in it)
                 m.d.comb += busy.eq(1)
-                with m.If(crc_b.crc != ih.const_crc):
-                    m.d.sync += fail(ErrorCause.CONST_CRC)
+                with m.If(f_err):
+                    m.d.sync += [err_cause.eq(f_err_cause), err_where.eq(Mux(f_err_now, instr_idx, f_idx)),
+                                 err.eq(1)]
                     m.next = "ERROR"
-                with m.Else():
-                    m.next = "EXEC"
+                with m.Elif(f_ready):
+                    m.d.comb += dispatch.eq(1)
+                    m.d.sync += [xhr.eq(img), instr_idx.eq(f_idx), xbank.eq(~xbank), x_block_beats.eq(f_block_beats),
+                                 src.eq(ih.as_value()[64:68]), layer.eq(ih.layer), cfg_ops.eq(ih.ops),
+                                 cfg_nops.eq(ih.n_ops), cnt.eq(0)]
+                    with m.If(ih.as_value()[0:8] == Opcode.END_TOKEN.value):
+                        m.next = "END"
+                    with m.Else():
+                        m.next = "EXEC"
             with state("EXEC"):
-                m.d.comb += busy.eq(1)
+                m.d.comb += [busy.eq(1), qc_busy.eq(1)]
                 m.d.sync += [rows_done.eq(0), row.eq(0), rsel.eq(0), tok_idx.eq(0), tok_pending.eq(0),
-                             gear_cmd_sent.eq(0), ch0_beats_left.eq(0)]
-                with m.If(ih.as_value()[0:8] == Opcode.LOAD_TOKEN.value):
+                             gear_cmd_sent.eq(0), g0_cnt.eq(0)]
+                with m.If(xh.as_value()[0:8] == Opcode.LOAD_TOKEN.value):
                     m.d.sync += cfg_raw.eq(1)
                     m.d.comb += epi.start.eq(1)
                     m.next = "RUN_TOKEN"
-                with m.Elif(ih.flags.as_value()[0]):   # REUSE_CODES: the previous GEMV's codes and scale
+                with m.Elif(xh.flags.as_value()[0]):   # REUSE_CODES: the previous GEMV's codes and scale
                     m.d.sync += cfg_raw.eq(0)
                     m.next = "GEMV_START"
                 with m.Else():
                     m.d.sync += cfg_raw.eq(0)
                     m.next = "SCALAR"
             with state("SCALAR"):
-                m.d.comb += [busy.eq(1), scalar.i.valid.eq(1)]
+                m.d.comb += [busy.eq(1), qc_busy.eq(1), scalar.i.valid.eq(1)]
                 m.d.sync += ctr[Counter.SCALAR_CYCLES].eq(ctr[Counter.SCALAR_CYCLES] + 1)
                 with m.If(scalar.i.ready):
                     m.next = "SCALAR_WAIT"
             with state("SCALAR_WAIT"):
-                m.d.comb += [busy.eq(1), scalar.o.ready.eq(1)]
+                m.d.comb += [busy.eq(1), qc_busy.eq(1), scalar.o.ready.eq(1)]
                 m.d.sync += ctr[Counter.SCALAR_CYCLES].eq(ctr[Counter.SCALAR_CYCLES] + 1)
                 with m.If(scalar.o.valid):
                     m.d.sync += [rq_m.eq(scalar.o.payload.r_mant), rq_s.eq(scalar.o.payload.r_shift),
                                  scale_m.eq(scalar.o.payload.s_mant), scale_s.eq(scalar.o.payload.s_shift)]
                     m.next = "QUANT"
             with state("QUANT"):
-                m.d.comb += [busy.eq(1), quant.cmd.valid.eq(1)]
+                m.d.comb += [busy.eq(1), qc_busy.eq(1), quant.cmd.valid.eq(1)]
                 with m.If(quant.cmd.ready):
                     m.next = "QUANT_WAIT"
             with state("QUANT_WAIT"):
-                m.d.comb += busy.eq(1)
+                m.d.comb += [busy.eq(1), qc_busy.eq(1)]
                 m.d.sync += ctr[Counter.QUANT_CYCLES].eq(ctr[Counter.QUANT_CYCLES] + 1)
                 with m.If(quant.done):
                     m.next = "GEMV_START"
             with state("GEMV_START"):
                 m.d.comb += [busy.eq(1), epi.start.eq(1)]
                 m.d.sync += [lanes_done[c].eq(0) for c in range(C)]
-                with m.If(ih.flags.as_value()[2]):  # LOGITS: this is the LM head
-                    m.d.sync += [out_scale_m.eq(scale_m), out_scale_s.eq(scale_s + ih.out_frac), n_logits.eq(0)]
-                blk = (((ih.n + C - 1) // C) * ih.k)
-                per = 5 if self.packing is TritPacking.BASE3 else 4
-                m.d.sync += ch0_block_beats.eq((((blk + per - 1) // per + 63) >> 6) * (64 // beat_bytes))
+                with m.If(xh.flags.as_value()[2]):  # LOGITS: this is the LM head
+                    m.d.sync += [out_scale_m.eq(scale_m), out_scale_s.eq(scale_s + xh.out_frac), n_logits.eq(0)]
                 m.next = "GEMV"
             with state("GEMV"):
-                m.d.comb += [busy.eq(1), feed_rows.eq(1), beat_to_gear0.eq(cnt < ch0_block_beats)]
-                m.d.comb += logits_on.eq(ih.flags.as_value()[2])
+                m.d.comb += [busy.eq(1), feed_rows.eq(1), gear0_on.eq(1)]
+                m.d.comb += logits_on.eq(xh.flags.as_value()[2])
                 # the lanes are busy (or wait for weights) until every channel's block ended; the adder tree and
                 # epilogue drain after that is neither (docs/ISA.md: GEMV_CYCLES, STREAM_STALLS)
                 lanes_busy = ~Cat(*lanes_done).all()
@@ -671,34 +782,22 @@ class Accelerator(wiring.Component):
                     m.d.comb += g.cmd.valid.eq(~gear_cmd_sent)
                 with m.If(~gear_cmd_sent & Cat(*[g.cmd.ready for g in gear]).all()):
                     m.d.sync += gear_cmd_sent.eq(1)
-                with m.If(beat_taken[0] & beat_to_gear0):
-                    m.d.sync += cnt.eq(cnt + 1)
-                    with m.If(ch0.tlast):  # the image ends with END_TOKEN: no weight beat may be last
-                        m.d.sync += fail(ErrorCause.TRUNCATED)
-                        m.next = "ERROR"
                 with m.If(Cat(*[g.bad_trit for g in gear]).any()):
                     m.d.sync += fail(ErrorCause.BAD_TRIT)
                     m.next = "ERROR"
                 with m.Elif(epi.done):
                     m.next = "GEMV_DRAIN"
             with state("GEMV_DRAIN"):
-                # the epilogue is done; channel 0 may still hold the block's padding beats
-                m.d.comb += [busy.eq(1), beat_to_gear0.eq(cnt < ch0_block_beats)]
-                with m.If(beat_taken[0]):
-                    m.d.sync += cnt.eq(cnt + 1)
-                with m.If(cnt >= ch0_block_beats):
-                    m.d.sync += cnt.eq(0)
+                # the epilogue is done; the FIFO may still hold the block's padding beats
+                m.d.comb += [busy.eq(1), gear0_on.eq(1)]
+                with m.If(g0_cnt >= x_block_beats):
                     m.d.comb += instr_done.eq(1)
-                    m.next = "NEXT"
+                    m.next = "DISPATCH"
             with state("RUN_TOKEN"):
                 m.d.comb += [busy.eq(1), feed_token.eq(1)]
                 with m.If(epi.done):
                     m.d.comb += instr_done.eq(1)
-                    m.next = "NEXT"
-            with state("NEXT"):
-                m.d.comb += [mode_word.eq(1), busy.eq(1)]
-                m.d.sync += [instr_idx.eq(instr_idx + 1), cnt.eq(0)]
-                m.next = "INSTR_HDR"
+                    m.next = "DISPATCH"
             with state("END"):
                 # padding words, then the trailer; the logits (if any) went out during the LM head
                 m.d.comb += busy.eq(1)
@@ -751,8 +850,10 @@ class Accelerator(wiring.Component):
                 with m.If((regs.clear | clear_pending) & first_out):
                     m.d.sync += [err.eq(0), err_cause.eq(0), clear_pending.eq(0)]
                     m.next = "TOKEN"
-        self._debug = {"fsm": fsm, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause, "beat_full": beat_full,
-                       "widx": widx, "word": word}
+        with m.If(gear0_on & wfifo.r_rdy & gear[0].i.ready):
+            m.d.sync += g0_cnt.eq(g0_cnt + 1)
+        self._debug = {"fsm": fsm, "ctr": ctr, "cnt": cnt, "instr_idx": instr_idx, "err_cause": err_cause,
+                       "beat_full": beat_full, "widx": widx, "word": word}
         # the output CRC restarts with each packet: after the previous trailer
         with m.If(out_take):
             m.d.sync += first_out.eq(out_last)

@@ -23,7 +23,7 @@ import numpy as np
 from host.devices.base import Device
 from host.image import ImageError, ParsedImage, channel_rows, parse_image
 from host.model import ModelWeights
-from host.perf import BuildParams, instruction_counters
+from host.perf import BuildParams, token_counters
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputTrailer, TokenHeader
@@ -226,8 +226,8 @@ class GoldenMachine:
         self.table = nx.sigmoid_table(self.info.lut_segments_log2, self.info.gate_frac)
         packed = self.info.packing is isa.TritPacking.BASE3
         self._lut, self._per_byte = (_BASE3, 5) if packed else (_BITS2, 4)
-        self._counters = [instruction_counters(ins, self.info, self.build) for ins in self.image.instructions]
-        self._totals = {k: sum(c[k] for c in self._counters) for k in Counter}
+        # the sequencer prefetches the next instruction while one runs: counters come from the token's timeline
+        self._counters, self._totals = token_counters(self.image.instructions, self.info, self.build)
         self._nonzero: list[int] | None = None
         self._nonzero_total = sum(self.nonzero_trits())   # an activity count for the power estimate
         self._cap = {Buffer.X: self.info.hidden, Buffer.A: max(self.info.hidden, self.info.intermediate),

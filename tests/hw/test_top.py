@@ -22,7 +22,7 @@ def _beats(raw: bytes, bus_bits: int) -> list[int]:
     return [int.from_bytes(raw[i:i + bb], "little") for i in range(0, len(raw), bb)]
 
 
-def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout_cycles=400_000):
+def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout_cycles=400_000, **build):
     w = random_weights(cfg, seed=3, gamma_spread=1.0)
     fm = calibrate(w)
     image = compile_model(w, CompileOptions(formats=fm, packing=packing))
@@ -36,7 +36,7 @@ def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout
         packets.append(pk)
         expected.append(res.output)
     dut = Accelerator(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=4, packing=packing,
-                      max_hidden=32, max_intermediate=32, max_layers=max_layers)
+                      max_hidden=32, max_intermediate=32, max_layers=max_layers, **build)
     got: list[bytes] = []
 
     async def feed(ctx):
@@ -92,3 +92,17 @@ def test_state_banks_with_max_layers_not_a_power_of_two():
     cfg = HGRNBitConfig(vocab_size=29, hidden_size=12, num_hidden_layers=3, intermediate_size=20)
     got, expected = run_tokens(TritPacking.BASE3, lanes=16, bus_bits=64, ids=[3, 7, 11], cfg=cfg, max_layers=3)
     assert got == expected
+
+
+def test_shallow_weight_fifo_bit_exact():
+    """8 lanes on a 64-bit channel (40 trits a beat) and a 16-beat weight FIFO: channel 0 runs ahead of the
+    lanes until the FIFO is full, the fetcher waits for room, and the next instruction's header and constants
+    still arrive in order."""
+    got, expected = run_tokens(TritPacking.BASE3, lanes=8, bus_bits=64, ids=[5, 17], weight_fifo_beats=16)
+    assert got == expected
+
+
+@pytest.mark.parametrize("kw", [{"weight_fifo_beats": 8}, {"weight_fifo_beats": 0}, {"weight_fifo_beats": 2.0}])
+def test_weight_fifo_depth_is_validated(kw):
+    with pytest.raises((TypeError, ValueError), match="weight_fifo_beats"):
+        Accelerator(**kw)
