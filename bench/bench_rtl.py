@@ -122,6 +122,14 @@ def compare_counters(hw: list[dict], model: list[dict], names: list[str]) -> dic
     return out
 
 
+def _model_counters(gold, nonzero: list[int]) -> list[dict]:
+    """The golden device's per-instruction counters of its last token, with each GEMV's nonzero-trit count
+    (which the cycle model does not produce) filled in, to set beside the core's profile."""
+    from hw.isa import Counter
+
+    return [{**m, Counter.NONZERO_TRITS: nonzero[i]} for i, m in enumerate(gold.last.per_instruction)]
+
+
 def side_by_side(rtl, versus: Path, ids: list[int], rounds: int) -> dict:
     """Simulation speed of this revision's harness and of ``versus`` (a harness executable of the same build
     parameters, e.g. built from an earlier revision), in alternation on the same machine: ``rounds`` times
@@ -186,11 +194,7 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
         gold.step(ids[0])
         rtl.profile = False
         hw_per = rtl.last.per_instruction
-        model_per = []
-        for i, m in enumerate(gold.last.per_instruction):
-            m = dict(m)
-            m[Counter.NONZERO_TRITS] = nonzero[i]
-            model_per.append(m)
+        model_per = _model_counters(gold, nonzero)
         counters = compare_counters(hw_per, model_per, names)
         runs, exact = [], True
         load_before = os.getloadavg()
@@ -310,11 +314,7 @@ def bench_layer370m(lanes: int, channels: int, bus_bits: int, *, n_layers: int =
             same = bool(np.array_equal(a, b))
             exact &= same
             hw_per = rtl.last.per_instruction
-            model_per = []
-            for i, m in enumerate(gold.last.per_instruction):
-                m = dict(m)
-                m[Counter.NONZERO_TRITS] = nonzero[i]
-                model_per.append(m)
+            model_per = _model_counters(gold, nonzero)
             if len(hw_per) != len(model_per):
                 raise RuntimeError(f"{len(hw_per)} profiled instructions, the image has {len(model_per)}")
             r = rtl.last

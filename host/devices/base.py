@@ -459,7 +459,7 @@ class ReplayLogDevice(Device):
     _lost: bool
 
     def _run(self, token_id: int, position: int) -> Any:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement _run(token_id, position)")
 
     def _logits(self, result: Any) -> np.ndarray:
         """The logits of one :meth:`_run` result (default: the result is the logits)."""
