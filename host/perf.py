@@ -4,8 +4,8 @@ The golden device predicts every counter of :class:`hw.isa.Counter` per instruct
 the RTL's counters are compared against it. The model is the datapath's schedule written down. The
 default schedule (every option of :class:`BuildParams` off: the schedule of hw/top.py **as built**) runs
 two units side by side. A **fetcher** reads channel 0 one instruction ahead of execution: the next
-instruction's 64-byte header at one beat per cycle (``hb = 64 / beat_bytes`` beats) and its check (a
-cycle), then its constants (``cb`` beats, into the constant bank the executing instruction does not read,
+instruction's 64-byte header at one beat per cycle (``hb = 64 / beat_bytes`` beats) and its check (two
+cycles), then its constants (``cb`` beats, into the constant bank the executing instruction does not read,
 but not while the executing instruction's quantize pass still reads QC) and their CRC check (a cycle);
 once the sequencer has dispatched it, a GEMV's channel-0 weight block goes into a weight FIFO of
 ``fifo_beats`` beats (from which gearbox 0 reads), and the next header follows at once. The
@@ -15,8 +15,8 @@ the fetcher starts this header, the cycle after the previous dispatch or after t
 channel-0 weight beat entered the FIFO; ``Q``: the first cycle the previous instruction no longer reads
 QC, its GEMV_START, or for LOAD_TOKEN its first epilogue cycle)::
 
-    c0 = max(F + hb + 1, Q)                               first constant beat
-    R  = c0 + cb + 1   (F + hb + 1 without constants)     fetched and checked
+    c0 = max(F + hb + 2, Q)                               first constant beat
+    R  = c0 + cb + 1   (F + hb + 2 without constants)     fetched and checked
     D  = max(X[i-1] + 1, R)                               dispatch
     GEMV        X[i] = D + 1 + prologue + 1 + body + drain        EXEC, ..., GEMV_START, ...
       prologue  = SCALAR_CYCLES + 1 + ceil(K / quant_lanes) + QUANT_LATENCY       0 with REUSE_CODES
@@ -90,7 +90,7 @@ __all__ = [
 #: the 64-bit sum of squares in parallel with 127/A, then a 25-bit division)
 SCALAR_CYCLES = 60
 RECIP_CYCLES = 32      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 6
-QUANT_LATENCY = 4      #: quantize prologue pipeline (hw/quant.py)
+QUANT_LATENCY = 6      #: quantize prologue pipeline (hw/quant.py)
 #: Epilogue pipeline, element in to element out: entry (4) + 6 stages per micro-op slot (hw/epilogue.py)
 EPILOGUE_LATENCY = 4 + 6 * isa.MAX_OPS
 #: GEMV engine after the adder tree's ceil(log2(lanes_per_channel)) levels: code read, lane terms,
@@ -109,6 +109,7 @@ OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + 1
 #: and one after its epilogue finishes (GEMV_DRAIN).
 HEADER_WORD_CYCLES = isa.layout_bytes(isa.InstrHeader) // 4
 SEQ_CHECK_CYCLES = 1
+FETCH_CHECK_CYCLES = 2                        #: the fetcher's instruction-header check (F_CHECK, F_CHECK2)
 SEQ_DISPATCH_CYCLES = 2                       #: DISPATCH + EXEC
 GEMV_SEQ_CYCLES = 2                           #: GEMV_START + GEMV_DRAIN
 QUANT_CMD_CYCLES = 1
@@ -503,8 +504,8 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         else:
             h0 = tl.fetch_free
             ready = t0 + 1
-        c0 = max(h0 + hb + SEQ_CHECK_CYCLES, tl.qc_free)     # first constant beat
-        r = c0 + cb + SEQ_CHECK_CYCLES if cb else h0 + hb + SEQ_CHECK_CYCLES
+        c0 = max(h0 + hb + FETCH_CHECK_CYCLES, tl.qc_free)     # first constant beat
+        r = c0 + cb + SEQ_CHECK_CYCLES if cb else h0 + hb + FETCH_CHECK_CYCLES
         # striped constants on channels > 0 (a proposed layout): they precede the weights there
         dispatch = max(ready, r, *(t0 + 1 + h for h in head[1:]))
         head_done = dispatch + (0 if ins.opcode is Opcode.END_TOKEN else 1)

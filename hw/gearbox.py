@@ -220,10 +220,13 @@ class TritGearbox(wiring.Component):
         nb = Signal(range(NB + 1))       # valid window slots
         in_data = Signal()
         in_pad = Signal()
-        m.d.comb += in_data.eq(in_active & (in_rem > 0))
+        # in_rem <= 0 and in_rem <= W, registered with in_rem: the end-of-block test is a mux of two flags,
+        # not a 34-bit subtraction and compare in front of the input control (a short path at the ECP5 clock)
+        rem_le0, rem_le_w = Signal(init=1), Signal(init=1)
+        m.d.comb += in_data.eq(in_active & ~rem_le0)
         if S > 1:
             bidx = Signal(range(S))      # beat index within the 64-byte section
-            m.d.comb += in_pad.eq(in_active & (in_rem <= 0) & (bidx != 0))
+            m.d.comb += in_pad.eq(in_active & rem_le0 & (bidx != 0))
         m.d.comb += self.i.ready.eq((in_data & (nb < NB)) | in_pad)
         xfer = self.i.valid & self.i.ready
         wr = Signal()
@@ -232,13 +235,14 @@ class TritGearbox(wiring.Component):
         rem_n = Signal(signed(34))
         in_done_n = Signal()
         m.d.comb += rem_n.eq(in_rem - Mux(wr, W, 0))
+        rem_n_le0 = Mux(wr, rem_le_w, rem_le0)     # rem_n <= 0
         if S > 1:
             bidx_n = Signal(range(S))
-            m.d.comb += [bidx_n.eq(bidx + xfer), in_done_n.eq((rem_n <= 0) & (bidx_n == 0))]
+            m.d.comb += [bidx_n.eq(bidx + xfer), in_done_n.eq(rem_n_le0 & (bidx_n == 0))]
         else:
-            m.d.comb += in_done_n.eq(rem_n <= 0)
+            m.d.comb += in_done_n.eq(rem_n_le0)
         with m.If(in_active):
-            m.d.sync += in_rem.eq(rem_n)
+            m.d.sync += [in_rem.eq(rem_n), rem_le0.eq(rem_n <= 0), rem_le_w.eq(rem_n <= W)]
             if S > 1:
                 m.d.sync += bidx.eq(bidx_n)
             with m.If(in_done_n):
@@ -253,6 +257,8 @@ class TritGearbox(wiring.Component):
                 outq_valid.eq(1),
                 in_active.eq(pend_total != 0),
                 in_rem.eq(pend_total),
+                rem_le0.eq(pend_total == 0),
+                rem_le_w.eq(pend_total <= W),
             ]
 
         # ------------------------------------------------------------------------ output side

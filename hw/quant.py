@@ -9,7 +9,7 @@ read ports, ``quant_lanes`` int32 elements per word; the codes are written as co
 ``lanes`` codes (:func:`hw.streams.code_word_layout`).
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -26,7 +26,7 @@ MIN_LANES = 4
 MAX_LANES = 256
 #: ``done`` comes ``ceil(k / quant_lanes) + QUANT_LATENCY`` cycles after the command's transfer (the last
 #: source word is read ``ceil(k / quant_lanes) - 1`` cycles after it); ``host.perf.QUANT_LATENCY``.
-QUANT_LATENCY = 4
+QUANT_LATENCY = 6
 
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
@@ -89,19 +89,23 @@ class Quantizer(wiring.Component):
     Timing
     ------
     Cycle 0: the command transfers and word 0 is addressed; word ``a`` in cycle ``a``. Per word, cycle
-    ``a + 1``: the data arrive and ``src * qc`` (32 x 32 signed) is registered; ``a + 2``: rounding,
-    arithmetic shift by ``q_shift``, saturation to int32 (``w``); ``a + 3``: ``w * r_mant``
-    (32 x 26) registered; ``a + 4``: rounding, shift by ``r_shift``, clamp to int8, into the code word
-    register; ``a + 5``: the word's write (when it completes a code word, or is the last). ``done``
-    comes ``ceil(k / quant_lanes) + 4`` cycles after the transfer (:attr:`latency` = 4,
-    ``host.perf.QUANT_LATENCY``). ``k = 0`` is treated as one empty word: one all-zero code word
-    written at address 0, then ``done``. Throughput: one source word per cycle, no stalls (the
-    write port never pushes back); the next command is accepted 5 cycles after the last word's read.
+    ``a + 1``: the data arrive and the four 16 x 16 partial products of ``src * qc`` (32 x 32 signed)
+    are registered; ``a + 2``: their sum (the exact product) plus the rounding constant; ``a + 3``:
+    arithmetic shift by ``q_shift``, saturation to int32 (``w``); ``a + 4``: ``w * r_mant`` (32 x 26)
+    registered; ``a + 5``: plus the rounding constant; ``a + 6``: shift by ``r_shift``, clamp to int8,
+    into the code word register; ``a + 7``: the word's write (when it completes a code word, or is the
+    last). One multiplier, adder or shifter-and-compare per cycle keeps every path short (the ECP5
+    targets of ``hw.boards``). ``done`` comes ``ceil(k / quant_lanes) + 6`` cycles after the transfer
+    (:attr:`latency` = 6, ``host.perf.QUANT_LATENCY``). ``k = 0`` is treated as one empty word: one
+    all-zero code word written at address 0, then ``done``. Throughput: one source word per cycle, no
+    stalls (the write port never pushes back); the next command is accepted 7 cycles after the last
+    word's read.
 
-    Resources: ``2 * quant_lanes`` multipliers (per lane a 32 x 32 signed, for ``mul``, and a signed
-    32 x unsigned 26, for ``quantize``); per lane two variable arithmetic right shifters (64 and 59
-    bits); about ``quant_lanes * 170 + lanes * 8`` flip-flops; no memories (the vectors and the code
-    buffer are outside).
+    Resources: ``5 * quant_lanes`` multipliers (per lane the 32 x 32 signed product of ``mul`` as four
+    16 x 16 partial products, each one 18 x 18 DSP block, and a signed 32 x unsigned 26 for
+    ``quantize``); per lane two variable arithmetic right shifters (64 bits); about
+    ``quant_lanes * 370 + lanes * 8`` flip-flops; no memories (the vectors and the code buffer are
+    outside).
 
     Raises
     ------
@@ -165,13 +169,13 @@ class Quantizer(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """``done`` comes ``ceil(k / quant_lanes) + latency`` cycles after the command's transfer (4)."""
+        """``done`` comes ``ceil(k / quant_lanes) + latency`` cycles after the command's transfer (6)."""
         return QUANT_LATENCY
 
     @property
     def multipliers(self) -> int:
-        """Multipliers in the datapath: two per lane."""
-        return 2 * self._quant_lanes
+        """Multipliers in the datapath: five per lane (four partial products and one)."""
+        return 5 * self._quant_lanes
 
     def elaborate(self, platform):
         m = Module()
@@ -195,8 +199,10 @@ class Quantizer(wiring.Component):
         s2 = Signal(ctl_layout)
         s3 = Signal(ctl_layout)
         s4 = Signal(ctl_layout)
+        s5 = Signal(ctl_layout)
+        s6 = Signal(ctl_layout)
 
-        m.d.comb += self.cmd.ready.eq(~busy & ~s1.valid & ~s2.valid & ~s3.valid & ~s4.valid)
+        m.d.comb += self.cmd.ready.eq(~busy & ~Cat(s.valid for s in (s1, s2, s3, s4, s5, s6)).any())
         start = self.cmd.valid & self.cmd.ready
         issue = start | busy
         cur_rem = Mux(busy, rd_rem, self.cmd.payload.k)
@@ -227,28 +233,36 @@ class Quantizer(wiring.Component):
                 rnd2.eq((Const(1, 65) << cmd.r_shift)[1:]),
             ]
 
-        # ---- stages 1-4 per lane
-        m.d.sync += [s2.eq(s1), s3.eq(s2), s4.eq(s3)]
+        # ---- stages 1-7 per lane
+        m.d.sync += [s2.eq(s1), s3.eq(s2), s4.eq(s3), s5.eq(s4), s6.eq(s5)]
         codes = Signal(data.ArrayLayout(signed(8), ql))
         for j in range(ql):
-            # stage 1: p1 = src * qc (or src * 1), exact int64
-            p1 = Signal(signed(64), name=f"p1_{j}")
-            m.d.sync += p1.eq(self.src.data[j] * Mux(qconst, self.qc.data[j], 1))
-            # stage 2: w = sat32((p1 + 2**(q_shift-1)) >> q_shift), the sum wrapping in int64 as
-            # hw.numerics.mul's does
+            # stage 1: the partial products of src * qc (or src * 1) over 16-bit halves (hi signed, lo
+            # unsigned): each fits one 18 x 18 multiplier, and no adder follows them in this cycle
+            x, y = self.src.data[j], Mux(qconst, self.qc.data[j], 1)
+            pp = [Signal(signed(34), name=f"pp{k}_{j}") for k in range(4)]
+            m.d.sync += [pp[0].eq(x[:16] * y[:16]), pp[1].eq(x[16:].as_signed() * y[:16]),
+                         pp[2].eq(x[:16] * y[16:].as_signed()), pp[3].eq(x[16:].as_signed() * y[16:].as_signed())]
+            # stage 2: p1 + 2**(q_shift-1), p1 = src * qc exact, the sum wrapping in int64 as hw.numerics.mul's
+            sum1 = Signal(signed(64), name=f"sum1_{j}")
+            m.d.sync += sum1.eq((pp[0] + ((pp[1] + pp[2]) << 16) + (pp[3] << 32) + rnd1)[:64].as_signed())
+            # stage 3: w = sat32(sum1 >> q_shift)
             t1 = Signal(signed(64), name=f"t1_{j}")
-            m.d.comb += t1.eq((p1 + rnd1)[:64].as_signed() >> q_shift)
+            m.d.comb += t1.eq(sum1 >> q_shift)
             w = Signal(signed(32), name=f"w_{j}")
             m.d.sync += w.eq(Mux(t1 > _INT32_MAX, _INT32_MAX, Mux(t1 < _INT32_MIN, _INT32_MIN, t1)))
-            # stage 3: p2 = w * r_mant (|p2| < 2**57)
+            # stage 4: p2 = w * r_mant (|p2| < 2**57)
             p2 = Signal(signed(59), name=f"p2_{j}")
             m.d.sync += p2.eq(w * r_mant)
-            # stage 4: clamp((p2 + 2**(r_shift-1)) >> r_shift, -128, 127); lanes >= count are 0
+            # stage 5: p2 + 2**(r_shift-1) (exact in int64: |p2| < 2**57, r_shift <= 63)
+            sum2 = Signal(signed(64), name=f"sum2_{j}")
+            m.d.sync += sum2.eq(p2 + rnd2)
+            # stage 6: clamp(sum2 >> r_shift, -128, 127); lanes >= count are 0
             t2 = Signal(signed(64), name=f"t2_{j}")
-            m.d.comb += t2.eq((p2 + rnd2) >> r_shift)
-            m.d.comb += codes[j].eq(Mux(s4.count <= j, 0, Mux(t2 > 127, 127, Mux(t2 < -128, -128, t2))))
+            m.d.comb += t2.eq(sum2 >> r_shift)
+            m.d.comb += codes[j].eq(Mux(s6.count <= j, 0, Mux(t2 > 127, 127, Mux(t2 < -128, -128, t2))))
 
-        # ---- stage 4: gather groups of ql codes into a code word; stage 5: write it
+        # ---- stage 6: gather groups of ql codes into a code word; stage 7: write it
         group = Signal(range(groups))
         word_addr = Signal.like(self.codes.addr)
         word = Signal(code_word_layout(self._lanes))
@@ -264,10 +278,10 @@ class Quantizer(wiring.Component):
             self.done.eq(done),
         ]
         m.d.sync += [
-            we.eq(s4.valid & (full | s4.last)),
-            done.eq(s4.valid & s4.last),
+            we.eq(s6.valid & (full | s6.last)),
+            done.eq(s6.valid & s6.last),
         ]
-        with m.If(s4.valid):
+        with m.If(s6.valid):
             for g in range(groups):
                 part = word_view[g * ql * 8:(g + 1) * ql * 8]
                 with m.If(group == g):
@@ -276,7 +290,7 @@ class Quantizer(wiring.Component):
                     with m.Elif(group == 0):
                         m.d.sync += part.eq(0)      # a new code word: the groups not yet formed are 0
             m.d.sync += wr_addr.eq(word_addr)
-            with m.If(s4.last):
+            with m.If(s6.last):
                 m.d.sync += [group.eq(0), word_addr.eq(0)]
             with m.Elif(full):
                 m.d.sync += [group.eq(0), word_addr.eq(word_addr + 1)]

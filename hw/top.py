@@ -263,12 +263,16 @@ class Accelerator(wiring.Component):
         xh = data.View(InstrHeader, xhr)
         hidden, inter, n_layers, vocab = Signal(16), Signal(16), Signal(16), Signal(16)
         n_instr, instr_idx = Signal(32), Signal(32)
+        n_instr_m1 = Signal(32)       # n_instr - 1, registered (END_TOKEN's position check, off the fetcher's path)
+        m.d.sync += n_instr_m1.eq(n_instr - 1)
         state_bank = Signal()         # bank holding the committed state
         state_valid = Signal()        # 0: the committed state reads as zero (reset, zero-state request)
         scale_m, scale_s = Signal(27), Signal(signed(8))
         out_scale_m, out_scale_s = Signal(27), Signal(signed(16))
         rq_m, rq_s = Signal(26), Signal(6)
         n_logits = Signal(16)
+        pad_words = Signal(4)         # the output trailer's zero padding, registered (see END)
+        m.d.sync += pad_words.eq(-(n_logits + 8))
         cvec, cbeat = Signal(3), Signal(16)      # constants: current vector and its beat
         xbank = Signal()              # constant bank of the executing instruction (the fetcher fills ~xbank)
         f_block_beats = Signal(24)    # channel-0 weight beats of the fetched instruction
@@ -444,14 +448,16 @@ class Accelerator(wiring.Component):
         bank_flip = Signal()
         m.d.comb += [scalar.i.payload.cb_mant.eq(xh.cb_mant), scalar.i.payload.cb_shift.eq(xh.cb_shift),
                      scalar.i.payload.out_frac.eq(xh.out_frac)]
+        # the scalar unit's register operands, selected a cycle ahead (registered): the registers are stable from
+        # the previous epilogue's end, and xh from the dispatch, both at least a cycle before SCALAR
         with m.Switch(xh.ssq_reg):
             for k in range(8):
                 with m.Case(k):
-                    m.d.comb += scalar.i.payload.ssq.eq(epi.regs[k])
+                    m.d.sync += scalar.i.payload.ssq.eq(epi.regs[k])
         with m.Switch(xh.amax_reg):
             for k in range(8):
                 with m.Case(k):
-                    m.d.comb += scalar.i.payload.amax.eq(epi.regs[k][:32])
+                    m.d.sync += scalar.i.payload.amax.eq(epi.regs[k][:32])
         m.d.comb += [quant.cmd.payload.k.eq(xh.k), quant.cmd.payload.q_shift.eq(xh.q_shift),
                      quant.cmd.payload.qconst.eq(xh.flags.as_value()[1]), quant.cmd.payload.r_mant.eq(rq_m),
                      quant.cmd.payload.r_shift.eq(rq_s)]
@@ -468,6 +474,29 @@ class Accelerator(wiring.Component):
         # instruction is held until the sequencer would have reached it (same cause and ERROR_WHERE as a serial
         # parse); a weight beat with tlast (TRUNCATED) belongs to the executing GEMV and is raised at once.
         hdr_beats = isa.layout_bytes(InstrHeader) // beat_bytes
+        # The header check takes two cycles: F_CHECK registers the checks, F_CHECK2 acts on them (each a short
+        # path at the ECP5 clock).
+        chk_crc, chk_opcode, chk_microop, chk_shape, chk_truncated, chk_consts = (
+            Signal(name=f"chk_{n}") for n in ("crc", "opcode", "microop", "shape", "truncated", "consts"))
+        # Channel 0's weight beats, ceil(ceil(n / C) * k / (64 * trits per byte)) sections of 64 // beat_bytes
+        # beats, without a divider on the path: the rows and k are taken from the header's first beat, their
+        # product (plus the rounding) is registered the next cycle, and F_CHECK2 (at least two cycles after the
+        # first beat) divides by a constant with a reciprocal multiply.
+        # ceil(x / 3) = ((x + 2) * 43691) >> 17 for x < 2**17; floor(z / 5) = (z * 13421773) >> 26 for
+        # z < 2**26 (both exact: 3 * 43691 = 2**17 + 1, 5 * 13421773 = 2**26 + 1; z <= (65535**2 + 319) >> 6).
+        sz_rows, sz_k = Signal(16), Signal(16)
+        sz_blk = Signal(33)           # rows * k + (trits per section - 1)
+        per = 5 if self.packing is TritPacking.BASE3 else 4
+
+        def rows_of(n):
+            if C == 3:
+                return ((n + 2) * 43691) >> 17
+            return (n + C - 1) >> (C - 1).bit_length()
+
+        m.d.sync += sz_blk.eq(sz_rows * sz_k + (64 * per - 1))
+        sections = ((sz_blk >> 6) * 13421773) >> 26 if per == 5 else sz_blk >> 8
+        block_beats = Signal(24)
+        m.d.comb += block_beats.eq(sections * (64 // beat_bytes))
         f_idx = Signal(32)            # index of the instruction being fetched
         f_cnt = Signal(24)            # header or weight beats of the current section
         f_last = Signal()             # the header's last beat carried tlast
@@ -507,6 +536,8 @@ class Accelerator(wiring.Component):
                     with m.If(ch0.tvalid):
                         m.d.sync += [f_cnt.eq(f_cnt + 1), f_last.eq(ch0.tlast),
                                      img.eq(Cat(img[self.bus_bits:], ch0.tdata))]
+                        with m.If(f_cnt == 0):      # header word 1 (n, k) is in the first beat
+                            m.d.sync += [sz_rows.eq(rows_of(ch0.tdata[32:48])), sz_k.eq(ch0.tdata[48:64])]
                         with m.If(f_cnt == hdr_beats - 1):
                             m.d.sync += f_cnt.eq(0)
                             m.next = "F_CHECK"
@@ -548,30 +579,36 @@ class Accelerator(wiring.Component):
                     (is_gemv & ((kk == 0) | (kk > self.max_k) | ((kk != hidden) & (kk != inter))
                                 | ((nn != hidden) & (nn != inter) & (nn != vocab)) | (ih.layer >= n_layers)))
                     | ((opc == Opcode.LOAD_TOKEN.value) & (nn != hidden))
-                    | ((opc == Opcode.END_TOKEN.value) & (f_idx != n_instr - 1)))
+                    | ((opc == Opcode.END_TOKEN.value) & (f_idx != n_instr_m1)))
                 srcv = ih.as_value()[64:68]
-                blk = (((ih.n + C - 1) // C) * ih.k)
-                per = 5 if self.packing is TritPacking.BASE3 else 4
-                m.d.sync += [cvec.eq(0), cbeat.eq(0), f_cnt.eq(0),
-                             f_block_beats.eq((((blk + per - 1) // per + 63) >> 6) * (64 // beat_bytes))]
-                with m.If(~crc_b.match_detected):
+                # the checks, registered; F_CHECK2 acts on them in the same order of precedence
+                m.d.sync += [chk_crc.eq(~crc_b.match_detected),
+                             chk_opcode.eq((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)),
+                             chk_microop.eq(bad_op | (ih.n_consts > isa.MAX_CONSTS)
+                                            | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
+                                               & (srcv != Buffer.P.value))),
+                             chk_shape.eq(bad_shape),
+                             chk_truncated.eq(f_last & (opc != Opcode.END_TOKEN.value)),
+                             chk_consts.eq((opc != Opcode.END_TOKEN.value) & (const_vecs != 0))]
+                m.next = "F_CHECK2"
+            with fstate("F_CHECK2"):
+                m.d.sync += [cvec.eq(0), cbeat.eq(0), f_cnt.eq(0), f_block_beats.eq(block_beats)]
+                with m.If(chk_crc):
                     m.d.sync += f_fail(ErrorCause.INSTR_CRC)
                     m.next = "F_ERR"
-                with m.Elif((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)):
+                with m.Elif(chk_opcode):
                     m.d.sync += f_fail(ErrorCause.UNKNOWN_OPCODE)
                     m.next = "F_ERR"
-                with m.Elif(bad_op | (ih.n_consts > isa.MAX_CONSTS)
-                            | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
-                               & (srcv != Buffer.P.value))):
+                with m.Elif(chk_microop):
                     m.d.sync += f_fail(ErrorCause.BAD_MICROOP)
                     m.next = "F_ERR"
-                with m.Elif(bad_shape):
+                with m.Elif(chk_shape):
                     m.d.sync += f_fail(ErrorCause.BAD_SHAPE)
                     m.next = "F_ERR"
-                with m.Elif(f_last & (opc != Opcode.END_TOKEN.value)):   # the image ends with this header
+                with m.Elif(chk_truncated):   # the image ends with this header
                     m.d.sync += f_fail(ErrorCause.TRUNCATED)
                     m.next = "F_ERR"
-                with m.Elif((opc != Opcode.END_TOKEN.value) & (const_vecs != 0)):
+                with m.Elif(chk_consts):
                     m.next = "F_CONSTS"
                 with m.Else():
                     m.next = "F_READY"
@@ -801,8 +838,7 @@ class Accelerator(wiring.Component):
             with state("END"):
                 # padding words, then the trailer; the logits (if any) went out during the LM head
                 m.d.comb += busy.eq(1)
-                pad_words = Signal(16)
-                m.d.comb += pad_words.eq((-(n_logits + 8)) & 15)
+                # pad_words = (-(n_logits + 8)) & 15, registered: n_logits is stable for cycles before END
                 idx = Signal(16)
                 m.d.comb += idx.eq(cnt)
                 m.d.comb += out_valid.eq(1)

@@ -224,10 +224,11 @@ def test_latency_matches_perf_model():
 
 @pytest.mark.parametrize("quant_lanes, lanes", [(3, 12), (8, 64)])
 def test_multiplier_count(quant_lanes, lanes):
-    """Two multipliers per lane (mul and quantize); the rest adds, shifts and compares."""
+    """Five multipliers per lane (mul as four 16 x 16 partial products, and quantize); the rest adds,
+    shifts and compares."""
     dut = Quantizer(quant_lanes=quant_lanes, lanes=lanes)
     text = rtlil.convert(dut, name="quant")
-    assert text.count("cell $mul ") == dut.multipliers == 2 * quant_lanes
+    assert text.count("cell $mul ") == dut.multipliers == 5 * quant_lanes
     for cell in ("$div", "$mod", "$divfloor", "$modfloor", "$pow"):
         assert f"cell {cell} " not in text
 

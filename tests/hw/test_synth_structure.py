@@ -57,9 +57,9 @@ def test_gemv_rtlil_has_no_multiplier(lanes):
 
 
 def test_multiplier_check_sees_multipliers():
-    # positive control: the quantize prologue has 2 multipliers per quantize lane
+    # positive control: the quantize prologue has 5 multipliers per quantize lane (4 partial products, 1)
     q = Quantizer(quant_lanes=2, lanes=4)
-    assert multiplies(cell_types(rtlil.convert(q, name="top"))) == q.multipliers == 4
+    assert multiplies(cell_types(rtlil.convert(q, name="top"))) == q.multipliers == 10
 
 
 def _builtin_yosys_netlist(component) -> str:
@@ -84,8 +84,9 @@ def test_gemv_no_multiplier_after_builtin_yosys():
 
 
 def test_builtin_yosys_keeps_multipliers_visible():
-    cells = cell_types(_builtin_yosys_netlist(Quantizer(quant_lanes=1, lanes=4)))
-    assert multiplies(cells) == 2
+    q = Quantizer(quant_lanes=1, lanes=4)
+    cells = cell_types(_builtin_yosys_netlist(q))
+    assert multiplies(cells) == q.multipliers == 5
 
 
 @pytest.mark.slow
