@@ -210,26 +210,32 @@ class Epilogue(wiring.Component):
 
     Notes
     -----
-    Structure: entry (input register; ``value * s_mant`` with the buffer reads in flight; the rounding
-    shift of :func:`hw.numerics.dequant`; the register file), then one submodule per micro-op stage of
-    :data:`STAGE_LATENCY` cycles: (c0) operand and buffer-operand select, the adder ALU (ADD, SUB, ADDV,
-    RSUB1, LD), the sigmoid input clamp and LUT address; (c1) LUT data ``{t0, d = t1 - t0}``, operands of
-    product A; (c2) product A (``a*b``, ``a*buf`` or ``d*frac``); (c3) round half up and shift
-    (``shift`` or the segment step), ``sat32`` or ``t0 + correction``; (c4) product B (SiLU's
-    ``a*sigmoid(a)``, SSQ's ``w*w``); (c5) result into ``r[dst]``, SSQ/AMAX into the stage's 64-bit
-    accumulator. The accumulators are folded into ``regs`` (one per cycle, as soon as the last element
-    has passed each stage), so two micro-ops may reduce into one register. Delay memories (64 words of 32
-    bits): one per stage 1..7 for its buffer operand, one per write port, one for OUT and one for ARGMAX.
+    Structure: entry (input register; ``value * s_mant`` with the buffer reads in flight; the shift of
+    :func:`hw.numerics.dequant` and its rounding bit; the rounding increment and ``sat32``; the register
+    file), then one submodule per micro-op stage of :data:`STAGE_LATENCY` cycles: (c0) operand and
+    buffer-operand select, SIGNEG's negation, the adder ALU's exact sum (ADD, SUB, ADDV, RSUB1; LD); (c1) the
+    sigmoid input clamp and LUT address, ``sat32`` of the sum; (c2) LUT data ``{t0, d = t1 - t0}``, operands of
+    product A, ``t0`` (+ ``d``); (c3, c4) product A (``a*b``, ``a*buf`` or ``d*frac``): four 16 x 16 partial
+    products, then their sum; (c5) the rounding shift (``shift`` or the segment step) and the rounding bit;
+    (c6) the increment with ``sat32``, or ``t0 + correction``; operands of product B; (c7, c8) product B
+    (SiLU's ``a*sigmoid(a)``, SSQ's ``w*w``) likewise; (c9) result into ``r[dst]``, SSQ/AMAX into the stage's
+    64-bit accumulator (SSQ in two 32-bit halves, the carry between them one cycle later). Every cycle is at
+    most one adder or comparator of 34 bits or a 48-bit adder (product sums), a shifter or a multiplier bank
+    deep: the design target is 50 MHz on an ECP5 (speed grade 6). The accumulators are folded into ``regs``
+    (three cycles for a reduction, one otherwise, as soon as the last element has passed each stage), so two
+    micro-ops may reduce into one register. Delay memories (128 words of 32 bits): one per stage 1..7 for its
+    buffer operand, one per write port, one for OUT and one for ARGMAX.
 
-    Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 52 cycles from an element's
+    Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 85 cycles from an element's
     input transfer to the exit cycle where its writes and logit are presented; throughput one element
     per cycle; a logits stall freezes the whole pipeline (one global enable, which also drives the read
-    ports' ``en``). ``done`` follows the last element's exit by one to two cycles.
+    ports' ``en``). ``done`` follows the last element's exit by one to two cycles (up to four when the
+    last micro-op slot reduces: no compiled program uses it).
 
-    Resources: :attr:`multipliers` (17: one ``acc_bits x 27``, two ``32 x 32`` per stage; 68 DSP48E1 in
-    Yosys ``synth_xilinx``) and :attr:`lut_rom`: four copies of the sigmoid ROM (``2**lut_segments_log2``
-    words of ``{t0, d}``, 53 bits for the default: 3 RAMB18E1 each), two stages sharing a copy's two read
-    ports.
+    Resources: :attr:`multipliers` (17: one ``acc_bits x 27``, two ``32 x 32`` per stage, each of those as
+    four 16 x 16 partial products: 68 MULT18X18D in Yosys ``synth_ecp5``) and :attr:`lut_rom`: four copies
+    of the sigmoid ROM (``2**lut_segments_log2`` words of ``{t0, d}``, 53 bits for the default: 3 RAMB18E1
+    each in Yosys ``synth_xilinx``), two stages sharing a copy's two read ports.
 
     Sigmoid: :func:`hw.numerics.sigmoid` exactly. For inputs with so many fraction bits that the segment
     step reaches 32 bits the interpolation uses the signed input and adds ``d`` for negative inputs
@@ -387,7 +393,7 @@ class Epilogue(wiring.Component):
             m.d.comb += [q_next.eq(t1[1:].as_signed()), inc_next.eq(t1[0])]
         rd_sel = [Signal(INT32, name=f"rd_sel{s}") for s in range(MAX_OPS)]
         for s in range(MAX_OPS):
-            with m.Switch(cfg.ops[s].buf):
+            with m.Switch(dcs[s]["buf"]):
                 for j, b in enumerate(READ_BUFFERS):
                     with m.Case(b):
                         m.d.comb += rd_sel[s].eq(rd_ports[j].data)
@@ -447,7 +453,7 @@ class Epilogue(wiring.Component):
             m.d.comb += src.eq(Array(avals)[sel])
             return _delay_line(m, f"{name}_delay", wp, adv, offset, src), en
 
-        wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (cfg.ops[s].buf == buf) for s, dc in enumerate(dcs)])
+        wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (dc["buf"] == buf) for dc in dcs])
               for buf in WRITE_BUFFERS]
         out, out_en = sink("out", [dc["out"] for dc in dcs])
         am, am_en = sink("am", [dc["argmax"] for dc in dcs])
@@ -475,7 +481,7 @@ class Epilogue(wiring.Component):
         fin_k = Array(fins)[k]
         ssq_k = Array([dc["ssq"] for dc in dcs])[k]
         amax_k = Array([dc["amax"] for dc in dcs])[k]
-        reg_k = Array([cfg.ops[s].reg for s in range(MAX_OPS)])[k]
+        reg_k = Array([dc["reg"] for dc in dcs])[k]
         rg = [Signal(unsigned(64), name=f"reg{j}") for j in range(8)]   # R0..R7 (a word each, not one vector)
         m.d.comb += [self.regs[j].eq(rg[j]) for j in range(8)]
         cur, acc_f = Signal(unsigned(64), reset_less=True), Signal(unsigned(64), reset_less=True)
@@ -536,8 +542,8 @@ class Epilogue(wiring.Component):
             sig = Signal(name=f"s{s}_{name}", reset_less=True)
             m.d.sync += sig.eq(cond)
             dc[name] = sig
-        for name, field in (("asel", mo.a), ("bsel", mo.b), ("dst", mo.dst)):
-            sel = Signal(2, name=f"s{s}_{name}", reset_less=True)
+        for name, field in (("asel", mo.a), ("bsel", mo.b), ("dst", mo.dst), ("reg", mo.reg), ("buf", mo.buf)):
+            sel = Signal(field.shape(), name=f"s{s}_{name}", reset_less=True)
             m.d.sync += sel.eq(field)
             dc[name] = sel
         shift = mo.shift
@@ -569,8 +575,12 @@ class Epilogue(wiring.Component):
         # RSUB1: 2**shift - a (2**shift >= 2**32 always saturates: rs_big)
         rs_one = Signal(unsigned(32), name=f"s{s}_rs_one", reset_less=True)
         m.d.sync += rs_one.eq(Const(1, 32) << shift[:5])
+        # the LUT addresses of the clamp bounds
+        idx_lo = Signal(self._seg, name=f"s{s}_idx_lo", reset_less=True)
+        idx_hi = Signal(self._seg, name=f"s{s}_idx_hi", reset_less=True)
+        m.d.sync += [idx_lo.eq((lo >> step) + (1 << (self._seg - 1))), idx_hi.eq((hi >> step) + (1 << (self._seg - 1)))]
         dc.update(clamp=clamp, lo=lo, hi=hi, hmask=hmask, step=step, mask=mask, big=big, sh0=sh0, shm1=shm1,
-                  rs_one=rs_one)
+                  rs_one=rs_one, idx_lo=idx_lo, idx_hi=idx_hi)
         return dc
 
     def _stage(self, m: Module, s: int, dc: dict, e_in: _Elem, v_in, val, rom_port, adv):
@@ -629,8 +639,11 @@ class Epilogue(wiring.Component):
         above = dc["clamp"] & ~x1[31] & (x1 & dc["hmask"]).any()
         u = Signal(INT32, name=f"s{s}_u")
         m.d.comb += u.eq(Mux(below, dc["lo"], Mux(above, dc["hi"], x1)))
+        # the LUT address of u (clamped inputs: the precomputed addresses of the bounds, so that the shifter
+        # works on x in parallel with the clamp test)
         idx = Signal(self._seg, name=f"s{s}_idx")
-        m.d.comb += idx.eq((u >> dc["step"]) + (1 << (self._seg - 1)))
+        m.d.comb += idx.eq(Mux(below, dc["idx_lo"],
+                               Mux(above, dc["idx_hi"], (x1 >> dc["step"]) + (1 << (self._seg - 1)))))
         m.d.comb += [rom_port.addr.eq(idx), rom_port.en.eq(adv & vs[1])]
         simple = Signal(INT32, name=f"s{s}_simple")
         m.d.comb += simple.eq(Mux(dc["rs_big"], _I32_MAX, _sat32(r1["alu"])))
