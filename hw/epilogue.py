@@ -136,14 +136,15 @@ def _sat32(v):
 def _sat32_inc(t, inc):
     """``sat32(t + inc)`` for a signed ``t`` (33..64 bits) and a one-bit ``inc`` (the rounding increment) with a
     32-bit increment only: ``t + inc`` fits int32 iff ``t``'s bits above bit 30, plus the carry out of its low
-    31 bits, make all zeros or all ones."""
+    31 bits, make all zeros or all ones (``t >> 31 = -2`` with the carry gives ``INT32_MIN``, which the
+    saturation gives too); otherwise it saturates to ``t``'s sign."""
     t = Value.cast(t)
     width = len(t)
     assert t.shape().signed and 33 <= width <= 64
     low = t[:32] + inc
     carry = inc & t[:31].all()
     top = t[31:]                      # width - 31 >= 2 bits
-    fits = (~top.any() & ~carry) | top.all() | (~top[0] & top[1:].all() & carry)
+    fits = (~top.any() & ~carry) | top.all()
     return Mux(fits, low[:32].as_signed(), Mux(t[width - 1], _I32_MIN, _I32_MAX))
 
 
