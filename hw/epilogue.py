@@ -21,7 +21,7 @@ leave them alone. No intermediate is wider than 64 bits.
 """
 
 import numpy as np
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory, ReadPort, WritePort
 from amaranth.lib.wiring import In, Out
@@ -45,11 +45,14 @@ READ_BUFFERS = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_OLD, Buffer.STATE_NEW
 #: Buffers with a write port (``wr_<name>``), in port order (the ST targets).
 WRITE_BUFFERS = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW)
 
-ENTRY_LATENCY = 4   #: input register, dequant product (+ buffer data), dequant shift, register-file init
-STAGE_LATENCY = 6   #: decode/LUT address, operands, product A, round/shift, product B, result
+#: input register, dequant product (+ buffer data), dequant shift, dequant rounding and sat32, register file
+ENTRY_LATENCY = 5
+#: operands and adder ALU; clamp and LUT address; LUT data; product A (partial products, sum); shift; rounding,
+#: sat32 or sigmoid sum; product B (partial products, sum); result and reductions
+STAGE_LATENCY = 10
 _ROM_COPIES = (MAX_OPS + 1) // 2   #: sigmoid ROM copies, two read ports each
-#: words of each delay memory (a power of two above the longest delay, exit - stage 0 = 47 advances)
-_DELAY_DEPTH = 64
+#: words of each delay memory (a power of two above the longest delay, exit - stage 0 = 78 advances)
+_DELAY_DEPTH = 128
 
 
 class EpilogueConfig(data.Struct):
@@ -111,25 +114,51 @@ def _delay_line(m: Module, name: str, wp, adv, offset, data_in, shape=INT32):
     return r.data
 
 
-def _add_u64(x, y):
-    """``(x + y) mod 2**64`` and its carry for unsigned ``x`` (64 bits) and ``y`` (at most 64 bits), in two
-    32-bit halves so that no intermediate is wider than 64 bits (one adder in hardware either way)."""
-    lo_expr = x[:32] + y[:32]
-    hi_expr = x[32:64] + y[32:64] + lo_expr[32]
-    return Cat(lo_expr[:32], hi_expr[:32]), hi_expr[32]
-
-
-def _round_shift(v, sh0, shm1):
-    """``(v + ((1 << sh) >> 1)) >> sh`` (round half up, arithmetic shift) for a signed 64-bit ``v`` with
-    ``|v| <= 2**62``, without the 65-bit sum: ``t = v >> (sh - 1)`` then ``(t >> 1) + t[0]`` (``sh0``:
-    ``sh == 0``; ``shm1``: ``sh - 1``, or 0). Exact, and never wider than 64 bits."""
-    t = v >> shm1
-    return Mux(sh0, v, t[1:].as_signed() + t[0])
+def _add_cin(x, y, cin):
+    """``x + y + cin`` (unsigned ``x``, ``y``; ``cin`` one bit) as one adder, ``max(len(x), len(y)) + 1`` bits
+    wide with the carry out on top: the carry in enters as an extra low bit of both operands."""
+    return (Cat(cin, x) + Cat(cin, y))[1:]
 
 
 def _sat32(v):
-    """``hw.numerics.sat32`` of a signed expression (to be assigned to a 32-bit signal)."""
-    return Mux(v > _I32_MAX, _I32_MAX, Mux(v < _I32_MIN, _I32_MIN, v))
+    """``hw.numerics.sat32`` of an expression (to be assigned to a 32-bit signal), from its bits: an overflow is
+    a word above bit 30 that is not all sign bits (no comparator, no carry chain)."""
+    v = Value.cast(v)
+    width = len(v)
+    if not v.shape().signed:
+        return v if width <= 31 else Mux(v[31:].any(), _I32_MAX, v[:32].as_signed())
+    if width <= 32:
+        return v
+    top = v[31:width - 1]
+    return Mux(~v[width - 1] & top.any(), _I32_MAX, Mux(v[width - 1] & ~top.all(), _I32_MIN, v[:32].as_signed()))
+
+
+def _sat32_inc(t, inc):
+    """``sat32(t + inc)`` for a signed ``t`` (33..64 bits) and a one-bit ``inc`` (the rounding increment) with a
+    32-bit increment only: ``t + inc`` fits int32 iff ``t``'s bits above bit 30, plus the carry out of its low
+    31 bits, make all zeros or all ones (``t >> 31 = -2`` with the carry gives ``INT32_MIN``, which the
+    saturation gives too); otherwise it saturates to ``t``'s sign."""
+    t = Value.cast(t)
+    width = len(t)
+    assert t.shape().signed and 33 <= width <= 64
+    low = t[:32] + inc
+    carry = inc & t[:31].all()
+    top = t[31:]                      # width - 31 >= 2 bits
+    fits = (~top.any() & ~carry) | top.all()
+    return Mux(fits, low[:32].as_signed(), Mux(t[width - 1], _I32_MIN, _I32_MAX))
+
+
+def _mul_parts(x, y):
+    """First cycle of a 32 x 32 signed product: the four 16 x 16 partial products (one 18 x 18 multiplier each),
+    the two middle ones already summed: ``(low, high, mid)`` with ``x * y = (high << 32) + (mid << 16) + low``."""
+    xl, xh, yl, yh = x[:16], x[16:32].as_signed(), y[:16], y[16:32].as_signed()
+    return xl * yl, xh * yh, xl * yh + xh * yl
+
+
+def _mul_sum(low, high, mid):
+    """Second cycle: ``x * y`` (signed 64) from :func:`_mul_parts`'s registers, one 48-bit adder (the low 16 bits
+    of ``low`` pass)."""
+    return Cat(low[:16], (Cat(low[16:32], high).as_signed() + mid)[:48]).as_signed()
 
 
 class Epilogue(wiring.Component):
@@ -182,26 +211,32 @@ class Epilogue(wiring.Component):
 
     Notes
     -----
-    Structure: entry (input register; ``value * s_mant`` with the buffer reads in flight; the rounding
-    shift of :func:`hw.numerics.dequant`; the register file), then one submodule per micro-op stage of
-    :data:`STAGE_LATENCY` cycles: (c0) operand and buffer-operand select, the adder ALU (ADD, SUB, ADDV,
-    RSUB1, LD), the sigmoid input clamp and LUT address; (c1) LUT data ``{t0, d = t1 - t0}``, operands of
-    product A; (c2) product A (``a*b``, ``a*buf`` or ``d*frac``); (c3) round half up and shift
-    (``shift`` or the segment step), ``sat32`` or ``t0 + correction``; (c4) product B (SiLU's
-    ``a*sigmoid(a)``, SSQ's ``w*w``); (c5) result into ``r[dst]``, SSQ/AMAX into the stage's 64-bit
-    accumulator. The accumulators are folded into ``regs`` (one per cycle, as soon as the last element
-    has passed each stage), so two micro-ops may reduce into one register. Delay memories (64 words of 32
-    bits): one per stage 1..7 for its buffer operand, one per write port, one for OUT and one for ARGMAX.
+    Structure: entry (input register; ``value * s_mant`` with the buffer reads in flight; the shift of
+    :func:`hw.numerics.dequant` and its rounding bit; the rounding increment and ``sat32``; the register
+    file), then one submodule per micro-op stage of :data:`STAGE_LATENCY` cycles: (c0) operand and
+    buffer-operand select, SIGNEG's negation, the adder ALU's exact sum (ADD, SUB, ADDV, RSUB1; LD); (c1) the
+    sigmoid input clamp and LUT address, ``sat32`` of the sum; (c2) LUT data ``{t0, d = t1 - t0}``, operands of
+    product A, ``t0`` (+ ``d``); (c3, c4) product A (``a*b``, ``a*buf`` or ``d*frac``): four 16 x 16 partial
+    products, then their sum; (c5) the rounding shift (``shift`` or the segment step) and the rounding bit;
+    (c6) the increment with ``sat32``, or ``t0 + correction``; operands of product B; (c7, c8) product B
+    (SiLU's ``a*sigmoid(a)``, SSQ's ``w*w``) likewise; (c9) result into ``r[dst]``, SSQ/AMAX into the stage's
+    64-bit accumulator (SSQ in two 32-bit halves, the carry between them one cycle later). Every cycle is at
+    most one adder or comparator of 34 bits or a 48-bit adder (product sums), a shifter or a multiplier bank
+    deep: the design target is 50 MHz on an ECP5 (speed grade 6). The accumulators are folded into ``regs``
+    (three cycles for a reduction, one otherwise, as soon as the last element has passed each stage), so two
+    micro-ops may reduce into one register. Delay memories (128 words of 32 bits): one per stage 1..7 for its
+    buffer operand, one per write port, one for OUT and one for ARGMAX.
 
-    Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 52 cycles from an element's
+    Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 85 cycles from an element's
     input transfer to the exit cycle where its writes and logit are presented; throughput one element
     per cycle; a logits stall freezes the whole pipeline (one global enable, which also drives the read
-    ports' ``en``). ``done`` follows the last element's exit by one to two cycles.
+    ports' ``en``). ``done`` follows the last element's exit by one to two cycles (up to four when the
+    last micro-op slot reduces: no compiled program uses it).
 
-    Resources: :attr:`multipliers` (17: one ``acc_bits x 27``, two ``32 x 32`` per stage; 68 DSP48E1 in
-    Yosys ``synth_xilinx``) and :attr:`lut_rom`: four copies of the sigmoid ROM (``2**lut_segments_log2``
-    words of ``{t0, d}``, 53 bits for the default: 3 RAMB18E1 each), two stages sharing a copy's two read
-    ports.
+    Resources: :attr:`multipliers` (17: one ``acc_bits x 27``, two ``32 x 32`` per stage, each of those as
+    four 16 x 16 partial products: 68 MULT18X18D in Yosys ``synth_ecp5``) and :attr:`lut_rom`: four copies
+    of the sigmoid ROM (``2**lut_segments_log2`` words of ``{t0, d}``, 53 bits for the default: 3 RAMB18E1
+    each in Yosys ``synth_xilinx``), two stages sharing a copy's two read ports.
 
     Sigmoid: :func:`hw.numerics.sigmoid` exactly. For inputs with so many fraction bits that the segment
     step reaches 32 bits the interpolation uses the signed input and adds ``d`` for negative inputs
@@ -313,12 +348,11 @@ class Epilogue(wiring.Component):
             m.submodules[f"stage{s}"] = sm
         dcs = [self._decode(sm, s) for s, sm in enumerate(stage_mods)]
         dq_zero, dq_neg = Signal(reset_less=True), Signal(reset_less=True)
-        dq_lsh, dq_rsh = Signal(range(33), reset_less=True), Signal(range(63), reset_less=True)
-        dq_rnd = Signal(unsigned(62))
+        dq_lsh, dq_rsh0 = Signal(range(33), reset_less=True), Signal(reset_less=True)
+        dq_rshm1 = Signal(range(62), reset_less=True)
         sh = cfg.s_shift
-        m.d.sync += [dq_zero.eq(sh > 62), dq_neg.eq(sh < 0),
-                     dq_lsh.eq(Mux(-sh > 32, 32, -sh)), dq_rsh.eq(Mux((sh > 0) & (sh <= 62), sh, 0))]
-        m.d.comb += dq_rnd.eq((Const(1, 1) << dq_rsh) >> 1)
+        m.d.sync += [dq_zero.eq(sh > 62), dq_neg.eq(sh < 0), dq_lsh.eq(Mux(-sh > 32, 32, -sh)),
+                     dq_rsh0.eq(sh <= 0), dq_rshm1.eq(Mux((sh > 0) & (sh <= 62), sh - 1, 0))]
 
         # ------------------------------------------------------------------------------- entry
         in_lay = input_layout(ib)
@@ -337,11 +371,15 @@ class Epilogue(wiring.Component):
             m.d.sync += v1.eq(v0)
             m.d.sync += _load(v0, [(e1, e0), (p1, e0.value[:self._acc_bits].as_signed() * cfg.s_mant)])
 
-        # E2: dequantization shift; each stage's buffer operand selected from the read ports: stage 0's into a
-        # register, the others' into their delay memories (read as the element enters the stage)
+        # E2: dequantization shift, ``p1 >> s_shift`` and the rounding bit below it (or the saturated left shift);
+        # each stage's buffer operand selected from the read ports: stage 0's into a register, the others' into
+        # their delay memories (read as the element enters the stage)
         e2, v2 = Signal(in_lay, reset_less=True), Signal()
         q2 = Signal(signed(64), reset_less=True)
-        q_next = Signal(signed(64))
+        inc2 = Signal(reset_less=True)
+        q_next, inc_next = Signal(signed(64)), Signal()
+        t1 = Signal(signed(len(p1)))
+        m.d.comb += t1.eq(p1 >> dq_rshm1)
         with m.If(dq_zero):
             m.d.comb += q_next.eq(0)
         with m.Elif(dq_neg):
@@ -349,39 +387,49 @@ class Epilogue(wiring.Component):
             # dq_lsh <= 32: no 95-bit shifter
             m.d.comb += [p1s.eq(_sat32(p1)),
                          q_next.eq(Mux(dq_lsh[5], Cat(Const(0, 32), p1s).as_signed(), p1s << dq_lsh[:5]))]
+        with m.Elif(dq_rsh0):
+            m.d.comb += q_next.eq(p1)
         with m.Else():
-            m.d.comb += q_next.eq((p1 + dq_rnd) >> dq_rsh)
+            # (p1 + 2**(sh - 1)) >> sh = (p1 >> sh) + bit sh - 1 of p1
+            m.d.comb += [q_next.eq(t1[1:].as_signed()), inc_next.eq(t1[0])]
         rd_sel = [Signal(INT32, name=f"rd_sel{s}") for s in range(MAX_OPS)]
         for s in range(MAX_OPS):
-            with m.Switch(cfg.ops[s].buf):
+            with m.Switch(dcs[s]["buf"]):
                 for j, b in enumerate(READ_BUFFERS):
                     with m.Case(b):
                         m.d.comb += rd_sel[s].eq(rd_ports[j].data)
         rd2 = Signal(INT32, reset_less=True)
         with m.If(adv):
             m.d.sync += v2.eq(v1)
-            m.d.sync += _load(v1, [(e2, e1), (q2, q_next), (rd2, rd_sel[0])])
+            m.d.sync += _load(v1, [(e2, e1), (q2, q_next), (inc2, inc_next), (rd2, rd_sel[0])])
+
+        # E3: the rounding increment and sat32
+        e3, v3 = Signal(in_lay, reset_less=True), Signal()
+        r0_3 = Signal(INT32, reset_less=True)
+        rd3 = Signal(INT32, reset_less=True)
+        with m.If(adv):
+            m.d.sync += v3.eq(v2)
+            m.d.sync += _load(v2, [(e3, e2), (r0_3, Mux(cfg.raw, e2.value, _sat32_inc(q2, inc2))), (rd3, rd2)])
 
         # stage 0 input: the register file
         e_in, v_in = _Elem("e_in", ib), Signal()
         val0 = Signal(INT32, reset_less=True)
-        r0 = Signal(INT32)
-        m.d.comb += r0.eq(Mux(cfg.raw, e2.value, _sat32(q2)))
         with m.If(adv):
-            m.d.sync += v_in.eq(v2)
-            m.d.sync += _load(v2, [(e_in.index, e2.index), (e_in.last, e2.last), (e_in.r[0], r0),
-                                   (e_in.r[1], e2.value), (e_in.r[2], 0), (e_in.r[3], 0), (val0, rd2)])
+            m.d.sync += v_in.eq(v3)
+            m.d.sync += _load(v3, [(e_in.index, e3.index), (e_in.last, e3.last), (e_in.r[0], r0_3),
+                                   (e_in.r[1], e3.value), (e_in.r[2], 0), (e_in.r[3], 0), (val0, rd3)])
         # stage s's operand, selected at E2, arrives STAGE_LATENCY * s advances after stage 0's
-        vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 1 + STAGE_LATENCY * s, rd_sel[s])
+        vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 2 + STAGE_LATENCY * s, rd_sel[s])
                          for s in range(1, MAX_OPS)]
 
         # -------------------------------------------------------------------------------- stages
-        accs, fins, avals = [], [], []
+        accs, sats, fins, avals = [], [], [], []
         for s in range(MAX_OPS):
-            e_in, v_in, a, acc, fin = self._stage(stage_mods[s], s, dcs[s], e_in, v_in, vals[s],
-                                                  roms[s // 2].read_port(), adv)
+            e_in, v_in, a, acc, sat, fin = self._stage(stage_mods[s], s, dcs[s], e_in, v_in, vals[s],
+                                                       roms[s // 2].read_port(), adv)
             avals.append(a)
             accs.append(acc)
+            sats.append(sat)
             fins.append(fin)
         ex, vx = e_in, v_in  # the exit register
         self._stage_accs = accs  # white-box access for the saturation test (tests/hw/test_epilogue.py)
@@ -406,7 +454,7 @@ class Epilogue(wiring.Component):
             m.d.comb += src.eq(Array(avals)[sel])
             return _delay_line(m, f"{name}_delay", wp, adv, offset, src), en
 
-        wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (cfg.ops[s].buf == buf) for s, dc in enumerate(dcs)])
+        wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (dc["buf"] == buf) for dc in dcs])
               for buf in WRITE_BUFFERS]
         out, out_en = sink("out", [dc["out"] for dc in dcs])
         am, am_en = sink("am", [dc["argmax"] for dc in dcs])
@@ -426,34 +474,49 @@ class Epilogue(wiring.Component):
                 m.d.sync += [self.argmax_index.eq(ex.index), self.argmax_value.eq(am)]
 
         # --------------------------------------------------- reductions: fold the stage accumulators
+        # stage k's accumulator into regs[reg] once it is final: a stage without a reduction is passed in a
+        # cycle; one with a reduction takes three (select; low halves; high halves and the write)
         busy, last_out = Signal(), Signal()
         k = Signal(range(MAX_OPS + 1))
+        ph = Signal(range(3))
         fin_k = Array(fins)[k]
-        acc_k = Array(accs)[k]
         ssq_k = Array([dc["ssq"] for dc in dcs])[k]
         amax_k = Array([dc["amax"] for dc in dcs])[k]
-        reg_k = Array([cfg.ops[s].reg for s in range(MAX_OPS)])[k]
+        reg_k = Array([dc["reg"] for dc in dcs])[k]
         rg = [Signal(unsigned(64), name=f"reg{j}") for j in range(8)]   # R0..R7 (a word each, not one vector)
         m.d.comb += [self.regs[j].eq(rg[j]) for j in range(8)]
-        cur = Signal(unsigned(64))
-        m.d.comb += cur.eq(Array(rg)[reg_k])
-        total, carry = _add_u64(cur, acc_k)
+        cur, acc_f = Signal(unsigned(64), reset_less=True), Signal(unsigned(64), reset_less=True)
+        ssq_f, reg_f = Signal(reset_less=True), Signal(3, reset_less=True)
+        lo_f, c_f = Signal(32, reset_less=True), Signal(reset_less=True)
+        hgt_f, heq_f, lgt_f = Signal(reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
         with m.If(fire & ex.last):
             m.d.sync += last_out.eq(1)
-        with m.If(busy & (k < MAX_OPS) & fin_k):
-            m.d.sync += k.eq(k + 1)
-            for j in range(8):
-                with m.If(reg_k == j):
-                    with m.If(ssq_k):
-                        m.d.sync += rg[j].eq(Mux(carry, _U64_MAX, total))
-                    with m.Elif(amax_k):
-                        m.d.sync += rg[j].eq(Mux(acc_k > cur, acc_k, cur))
+        with m.Switch(ph):
+            with m.Case(0):
+                with m.If(busy & (k < MAX_OPS) & fin_k):
+                    with m.If(ssq_k | amax_k):
+                        m.d.sync += [cur.eq(Array(rg)[reg_k]), acc_f.eq(Mux(Array(sats)[k], _U64_MAX, Array(accs)[k])),
+                                     ssq_f.eq(ssq_k), reg_f.eq(reg_k), ph.eq(1)]
+                    with m.Else():
+                        m.d.sync += k.eq(k + 1)
+            with m.Case(1):
+                lo = cur[:32] + acc_f[:32]
+                m.d.sync += [lo_f.eq(lo[:32]), c_f.eq(lo[32]), hgt_f.eq(acc_f[32:] > cur[32:]),
+                             heq_f.eq(acc_f[32:] == cur[32:]), lgt_f.eq(acc_f[:32] > cur[:32]), ph.eq(2)]
+            with m.Case(2):
+                hi = _add_cin(cur[32:], acc_f[32:], c_f)
+                new = Mux(ssq_f, Mux(hi[32], _U64_MAX, Cat(lo_f, hi[:32])),     # saturating sum (SSQ)
+                          Mux(hgt_f | (heq_f & lgt_f), acc_f, cur))              # maximum (AMAX)
+                for j in range(8):
+                    with m.If(reg_f == j):
+                        m.d.sync += rg[j].eq(new)
+                m.d.sync += [k.eq(k + 1), ph.eq(0)]
         m.d.comb += self.done.eq(busy & (k == MAX_OPS) & last_out)
         with m.If(self.done):
             m.d.sync += busy.eq(0)
 
         with m.If(self.start):
-            m.d.sync += [busy.eq(1), last_out.eq(0), k.eq(0), am_seen.eq(0)]
+            m.d.sync += [busy.eq(1), last_out.eq(0), k.eq(0), ph.eq(0), am_seen.eq(0)]
             for j in range(8):
                 clear = [(s < cfg.n_ops) & ((op.op == M.SSQ) | (op.op == M.AMAX)) & (op.reg == j)
                          for s, op in ((s, cfg.ops[s]) for s in range(MAX_OPS))]
@@ -463,167 +526,207 @@ class Epilogue(wiring.Component):
 
     # ------------------------------------------------------------------------------------ helpers
     def _decode(self, m: Module, s: int) -> dict:
-        """Registered per-stage decode of ``cfg.ops[s]`` (the configuration is stable, so a cycle of
-        lag costs nothing and keeps the shifters' controls off the datapath)."""
+        """Registered per-stage decode of ``cfg.ops[s]`` (the configuration is stable, so a cycle or two of
+        lag costs nothing and keeps the decoders, the operand selects and the shifters' controls off the
+        datapath)."""
         mo = self.cfg.ops[s]
+        op_c = Signal(MicroOpcode, name=f"s{s}_op_c")
+        m.d.comb += op_c.eq(Mux(s < self.cfg.n_ops, mo.op, M.NOP))
         op = Signal(MicroOpcode, name=f"s{s}_op", reset_less=True)
-        m.d.sync += op.eq(Mux(s < self.cfg.n_ops, mo.op, M.NOP))
+        m.d.sync += op.eq(op_c)
         dc = {"op": op}
-        for name, cond in (("sig", (op == M.SIG) | (op == M.SIGNEG) | (op == M.SILU)),
-                           ("neg", op == M.SIGNEG), ("silu", op == M.SILU), ("mul", op == M.MUL),
-                           ("ssq", op == M.SSQ), ("amax", op == M.AMAX), ("st", op == M.ST),
-                           ("argmax", op == M.ARGMAX), ("out", op == M.OUT),
-                           ("wnone", mo.buf == Buffer.NONE)):
-            sig = Signal(name=f"s{s}_{name}")
-            m.d.comb += sig.eq(cond)
+        for name, cond in (("sig", (op_c == M.SIG) | (op_c == M.SIGNEG) | (op_c == M.SILU)),
+                           ("neg", op_c == M.SIGNEG), ("silu", op_c == M.SILU), ("mul", op_c == M.MUL),
+                           ("ssq", op_c == M.SSQ), ("amax", op_c == M.AMAX), ("st", op_c == M.ST),
+                           ("argmax", op_c == M.ARGMAX), ("out", op_c == M.OUT),
+                           ("wnone", mo.buf == Buffer.NONE), ("rs_big", (op_c == M.RSUB1) & (mo.shift >= 32))):
+            sig = Signal(name=f"s{s}_{name}", reset_less=True)
+            m.d.sync += sig.eq(cond)
             dc[name] = sig
+        for name, field in (("asel", mo.a), ("bsel", mo.b), ("dst", mo.dst), ("reg", mo.reg), ("buf", mo.buf)):
+            sel = Signal(field.shape(), name=f"s{s}_{name}", reset_less=True)
+            m.d.sync += sel.eq(field)
+            dc[name] = sel
         shift = mo.shift
-        # sigmoid: clamp to [-2**(4+shift), 2**(4+shift)) when that is inside int32
+        # sigmoid: clamp to [-2**(4+shift), 2**(4+shift)) when that is inside int32; ``hmask``: the bits above
+        # the range (an input is inside iff its bits under ``hmask`` are all sign bits)
         lim = Signal(range(64 + 5), name=f"s{s}_lim")
         clamp = Signal(name=f"s{s}_clamp", reset_less=True)
         lo = Signal(INT32, name=f"s{s}_lo", reset_less=True)
         hi = Signal(INT32, name=f"s{s}_hi", reset_less=True)
+        hmask = Signal(32, name=f"s{s}_hmask", reset_less=True)
         m.d.comb += lim.eq(shift + nx.LUT_RANGE_LOG2)
-        m.d.sync += [clamp.eq(lim <= 30), lo.eq(-(Const(1, 32) << lim[:5])), hi.eq((Const(1, 32) << lim[:5]) - 1)]
+        m.d.sync += [clamp.eq(lim <= 30), lo.eq(-(Const(1, 32) << lim[:5])), hi.eq((Const(1, 32) << lim[:5]) - 1),
+                     hmask.eq(~((Const(1, 32) << lim[:5]) - 1))]
         # segment step = shift + 5 - lut_segments_log2, kept in 1..62
         step_raw = Signal(signed(8), name=f"s{s}_step_raw")
         step = Signal(range(63), name=f"s{s}_step", reset_less=True)
         m.d.comb += step_raw.eq(shift + (nx.LUT_RANGE_LOG2 + 1 - self._seg))
         m.d.sync += step.eq(Mux(step_raw < 1, 1, step_raw))
-        mask = Signal(32, name=f"s{s}_mask")
-        big = Signal(name=f"s{s}_big")
-        m.d.comb += [big.eq(step >= 32), mask.eq(Mux(big, 0xFFFF_FFFF, (Const(1, 33) << step[:5]) - 1))]
+        mask = Signal(32, name=f"s{s}_mask", reset_less=True)
+        big = Signal(name=f"s{s}_big", reset_less=True)
+        m.d.sync += [big.eq(step >= 32), mask.eq(Mux(step >= 32, 0xFFFF_FFFF, (Const(1, 33) << step[:5]) - 1))]
         # product A's rounding shift: the segment step (sigmoid) or the shift field (MUL, MULV, SSQ, AMAX); as
-        # "is zero" and "minus one" for _round_shift
+        # "is zero" and "minus one"
         sh = Signal(range(64), name=f"s{s}_sh_c")
         sh0 = Signal(name=f"s{s}_sh0", reset_less=True)
         shm1 = Signal(range(63), name=f"s{s}_shm1", reset_less=True)
         m.d.comb += sh.eq(Mux(dc["sig"], step, shift))
         m.d.sync += [sh0.eq(sh == 0), shm1.eq(Mux(sh == 0, 0, sh - 1))]
-        # RSUB1: 2**shift - a; 2**shift >= 2**32 always saturates
-        rs_big = Signal(name=f"s{s}_rs_big", reset_less=True)
+        # RSUB1: 2**shift - a (2**shift >= 2**32 always saturates: rs_big)
         rs_one = Signal(unsigned(32), name=f"s{s}_rs_one", reset_less=True)
-        m.d.sync += [rs_big.eq(shift >= 32), rs_one.eq(Const(1, 32) << shift[:5])]
-        dc.update(clamp=clamp, lo=lo, hi=hi, step=step, mask=mask, big=big, sh0=sh0, shm1=shm1,
-                  rs_big=rs_big, rs_one=rs_one)
+        m.d.sync += rs_one.eq(Const(1, 32) << shift[:5])
+        # the LUT addresses of the clamp bounds
+        idx_lo = Signal(self._seg, name=f"s{s}_idx_lo", reset_less=True)
+        idx_hi = Signal(self._seg, name=f"s{s}_idx_hi", reset_less=True)
+        m.d.sync += [idx_lo.eq((lo >> step) + (1 << (self._seg - 1))), idx_hi.eq((hi >> step) + (1 << (self._seg - 1)))]
+        dc.update(clamp=clamp, lo=lo, hi=hi, hmask=hmask, step=step, mask=mask, big=big, sh0=sh0, shm1=shm1,
+                  rs_one=rs_one, idx_lo=idx_lo, idx_hi=idx_hi)
         return dc
 
     def _stage(self, m: Module, s: int, dc: dict, e_in: _Elem, v_in, val, rom_port, adv):
-        """Stage ``s``: executes ``cfg.ops[s]`` in :data:`STAGE_LATENCY` cycles; ``val`` is its buffer operand
-        (a register holding it while the element is at ``e_in``).
+        """Stage ``s``: executes ``cfg.ops[s]`` in :data:`STAGE_LATENCY` cycles ``c0..c9``; ``val`` is its buffer
+        operand (a register holding it while the element is at ``e_in``).
 
         Returns the output element (the next stage's input), its valid bit, the register ``a1`` (operand ``a``,
         the value of ST, OUT and ARGMAX, one advance after the element was at ``e_in``), the stage's reduction
-        accumulator (unsigned 64) and its ``fin`` flag (the last element has passed).
+        accumulator (unsigned 64), its saturation flag (SSQ) and its ``fin`` flag (the last element has passed
+        and the accumulator is final).
         """
         ib = self._index_bits
-        mo = self.cfg.ops[s]
         op = dc["op"]
+        n = STAGE_LATENCY
 
         def reg(shape, name):
             return Signal(shape, name=f"s{s}_{name}", reset_less=True)
 
-        e1, e2, e3, e4, e5, eo = (_Elem(f"s{s}_e{j}", ib) for j in range(1, 7))
-        v1, v2, v3, v4, v5, vo = (Signal(name=f"s{s}_v{j}") for j in range(1, 7))
+        # es[j], vs[j]: the element in cycle c_j and its valid bit (es[0] = e_in; es[n]: the stage's output)
+        es = [e_in] + [_Elem(f"s{s}_e{j}", ib) for j in range(1, n + 1)]
+        vs = [v_in] + [Signal(name=f"s{s}_v{j}") for j in range(1, n + 1)]
 
-        # ---- c0: operands, simple ALU, sigmoid input -> LUT address
+        def advance(j, pairs, elem=True):
+            """End of cycle c_j: the element (if ``elem``) and ``pairs`` move into c_{j+1}'s registers."""
+            with m.If(adv):
+                m.d.sync += vs[j + 1].eq(vs[j])
+                m.d.sync += _load(vs[j], [*(es[j + 1].pairs(es[j]) if elem else []), *pairs])
+
+        def regs(j, **values):
+            """Registers of cycle c_j (named ``<name><j>``) and their (register, value) pairs."""
+            out = {k: reg(Value.cast(v).shape(), f"{k}{j}") for k, v in values.items()}
+            return out, [(out[k], v) for k, v in values.items()]
+
+        # ---- c0: operands; negation (SIGNEG); the adder ALU's exact sum (ADD, SUB, ADDV, RSUB1; LD passes val)
         a, b = Signal(INT32, name=f"s{s}_a"), Signal(INT32, name=f"s{s}_b")
-        m.d.comb += [a.eq(Array(e_in.r)[mo.a]), b.eq(Array(e_in.r)[mo.b])]
-        x, u = Signal(INT32, name=f"s{s}_x"), Signal(INT32, name=f"s{s}_u")
-        m.d.comb += x.eq(Mux(dc["neg"], _sat32(-a), a))
-        m.d.comb += u.eq(Mux(dc["clamp"] & (x < dc["lo"]), dc["lo"], Mux(dc["clamp"] & (x > dc["hi"]), dc["hi"], x)))
-        idx = Signal(self._seg, name=f"s{s}_idx")
-        m.d.comb += idx.eq((u >> dc["step"]) + (1 << (self._seg - 1)))
-        m.d.comb += [rom_port.addr.eq(idx), rom_port.en.eq(adv & v_in)]
-        frac = Signal(INT32, name=f"s{s}_frac")
-        m.d.comb += frac.eq(u & dc["mask"])
-        simple = Signal(INT32, name=f"s{s}_simple")
+        m.d.comb += [a.eq(Array(e_in.r)[dc["asel"]]), b.eq(Array(e_in.r)[dc["bsel"]])]
+        alu = Signal(signed(34), name=f"s{s}_alu")
         with m.Switch(op):
-            with m.Case(M.LD):
-                m.d.comb += simple.eq(val)
             with m.Case(M.ADD):
-                m.d.comb += simple.eq(_sat32(a + b))
+                m.d.comb += alu.eq(a + b)
             with m.Case(M.SUB):
-                m.d.comb += simple.eq(_sat32(a - b))
+                m.d.comb += alu.eq(a - b)
             with m.Case(M.ADDV):
-                m.d.comb += simple.eq(_sat32(a + val))
+                m.d.comb += alu.eq(a + val)
             with m.Case(M.RSUB1):
-                m.d.comb += simple.eq(Mux(dc["rs_big"], _I32_MAX, _sat32(dc["rs_one"] - a)))
+                m.d.comb += alu.eq(dc["rs_one"] - a)
+            with m.Default():
+                m.d.comb += alu.eq(val)
+        r1, p = regs(1, a=a, x=Mux(dc["neg"], _sat32(-a), a), bm=Mux(dc["mul"], b, val), alu=alu)
+        advance(0, p)
+        a1 = r1["a"]
 
-        a1, bm1, f1, simple1 = reg(INT32, "a1"), reg(INT32, "bm1"), reg(INT32, "f1"), reg(INT32, "simple1")
-        bigneg1 = reg(1, "bigneg1")
-        with m.If(adv):
-            m.d.sync += v1.eq(v_in)
-            m.d.sync += _load(v_in, [*e1.pairs(e_in), (a1, a), (bm1, Mux(dc["mul"], b, val)), (f1, frac),
-                                     (bigneg1, dc["big"] & u[31]), (simple1, simple)])
+        # ---- c1: sigmoid input clamp -> LUT address and fraction; sat32 of the ALU sum
+        x1 = r1["x"]
+        below = dc["clamp"] & x1[31] & (~x1 & dc["hmask"]).any()
+        above = dc["clamp"] & ~x1[31] & (x1 & dc["hmask"]).any()
+        u = Signal(INT32, name=f"s{s}_u")
+        m.d.comb += u.eq(Mux(below, dc["lo"], Mux(above, dc["hi"], x1)))
+        # the LUT address of u (clamped inputs: the precomputed addresses of the bounds, so that the shifter
+        # works on x in parallel with the clamp test)
+        idx = Signal(self._seg, name=f"s{s}_idx")
+        m.d.comb += idx.eq(Mux(below, dc["idx_lo"],
+                               Mux(above, dc["idx_hi"], (x1 >> dc["step"]) + (1 << (self._seg - 1)))))
+        m.d.comb += [rom_port.addr.eq(idx), rom_port.en.eq(adv & vs[1])]
+        simple = Signal(INT32, name=f"s{s}_simple")
+        m.d.comb += simple.eq(Mux(dc["rs_big"], _I32_MAX, _sat32(r1["alu"])))
+        r2, p = regs(2, a=a1, bm=r1["bm"], f=(u & dc["mask"])[:32].as_signed(), bigneg=dc["big"] & u[31], simple=simple)
+        advance(1, p)
 
-        # ---- c1: LUT data; operands of product A
+        # ---- c2: LUT data {t0, d}; operands of product A; the sigmoid base t0 (+ d for the wrapped fraction)
         t0, d = rom_port.data.t0, rom_port.data.d
-        ma, mb = reg(INT32, "ma"), reg(INT32, "mb")
-        t02, d2 = reg(unsigned(len(t0)), "t02"), reg(unsigned(len(d)), "d2")
-        a2, simple2, bigneg2 = reg(INT32, "a2"), reg(INT32, "simple2"), reg(1, "bigneg2")
-        with m.If(adv):
-            m.d.sync += v2.eq(v1)
-            m.d.sync += _load(v1, [*e2.pairs(e1), (ma, Mux(dc["sig"], d, a1)), (mb, Mux(dc["sig"], f1, bm1)),
-                                   (t02, t0), (d2, d), (a2, a1), (simple2, simple1), (bigneg2, bigneg1)])
+        r3, p = regs(3, a=r2["a"], ma=Mux(dc["sig"], d, r2["a"]), mb=Mux(dc["sig"], r2["f"], r2["bm"]),
+                     tb=t0 + Mux(r2["bigneg"], d, 0), simple=r2["simple"])
+        advance(2, p)
 
-        # ---- c2: product A (64 bits)
-        pa = reg(signed(64), "pa")
-        t03, d3 = reg(unsigned(len(t0)), "t03"), reg(unsigned(len(d)), "d3")
-        a3, simple3, bigneg3 = reg(INT32, "a3"), reg(INT32, "simple3"), reg(1, "bigneg3")
-        with m.If(adv):
-            m.d.sync += v3.eq(v2)
-            m.d.sync += _load(v2, [*e3.pairs(e2), (pa, ma * mb), (t03, t02), (d3, d2), (a3, a2),
-                                   (simple3, simple2), (bigneg3, bigneg2)])
+        # ---- c3, c4: product A = ma * mb (64 bits): partial products, then their sum
+        low, high, mid = _mul_parts(r3["ma"].as_signed(), r3["mb"].as_signed())
+        r4, p = regs(4, a=r3["a"], tb=r3["tb"], simple=r3["simple"], pl=low, ph=high, pm=mid)
+        advance(3, p)
+        r5, p = regs(5, a=r4["a"], tb=r4["tb"], simple=r4["simple"], pa=_mul_sum(r4["pl"], r4["ph"], r4["pm"]))
+        advance(4, p)
 
-        # ---- c3: round half up and shift; sigmoid: t0 (+ d for the wrapped fraction) + correction; else sat32
-        # (|pa| <= 2**62, so the rounded quotient fits 64 bits; the sigmoid sum is taken mod 2**32 anyway)
-        q = Signal(signed(64), name=f"s{s}_q")
-        m.d.comb += q.eq(_round_shift(pa, dc["sh0"], dc["shm1"]))
-        y4, a4, simple4 = reg(INT32, "y4"), reg(INT32, "a4"), reg(INT32, "simple4")
+        # ---- c5: round half up and shift, (pa + 2**(sh - 1)) >> sh: the shift (pa >> sh) and the rounding bit
+        # below it (bit sh - 1; none for sh = 0); |pa| <= 2**62, so the quotient fits 64 bits
+        pa = r5["pa"].as_signed()
+        t = Signal(signed(64), name=f"s{s}_t")
+        m.d.comb += t.eq(pa >> dc["shm1"])
+        r6, p = regs(6, a=r5["a"], tb=r5["tb"], simple=r5["simple"],
+                     q=Mux(dc["sh0"], pa, t[1:].as_signed()).as_signed(), inc=~dc["sh0"] & t[0])
+        advance(5, p)
+
+        # ---- c6: the rounding increment; sigmoid: tb + correction (mod 2**32, the increment as carry in); else
+        # sat32; operands of product B (SiLU's a * sigmoid(a), SSQ's w * w)
+        q6, a6 = r6["q"].as_signed(), r6["a"].as_signed()
         y = Signal(INT32, name=f"s{s}_y")
-        m.d.comb += y.eq(Mux(dc["sig"], t03 + Mux(bigneg3, d3, 0) + q[:32], _sat32(q)))
-        with m.If(adv):
-            m.d.sync += v4.eq(v3)
-            m.d.sync += _load(v3, [*e4.pairs(e3), (y4, y), (a4, a3), (simple4, simple3)])
+        m.d.comb += y.eq(Mux(dc["sig"], _add_cin(r6["tb"], q6[:32], r6["inc"])[:32], _sat32_inc(q6, r6["inc"])))
+        r7, p = regs(7, y=y, w=Mux(dc["wnone"], a6, y), bx=Mux(dc["silu"] | dc["wnone"], a6, y),
+                     by=Mux(~dc["silu"] & dc["wnone"], a6, y), simple=r6["simple"])
+        advance(6, p)
 
-        # ---- c4: product B: SiLU's a * sigmoid(a), SSQ's w * w
-        w = Signal(INT32, name=f"s{s}_w")
-        m.d.comb += w.eq(Mux(dc["wnone"], a4, y4))
-        pb, w5, y5, simple5 = reg(signed(64), "pb"), reg(INT32, "w5"), reg(INT32, "y5"), reg(INT32, "simple5")
-        with m.If(adv):
-            m.d.sync += v5.eq(v4)
-            m.d.sync += _load(v4, [*e5.pairs(e4), (pb, Mux(dc["silu"], a4, w) * Mux(dc["silu"], y4, w)),
-                                   (w5, w), (y5, y4), (simple5, simple4)])
+        # ---- c7, c8: product B (partial products, then their sum); |w| for AMAX
+        low, high, mid = _mul_parts(r7["bx"].as_signed(), r7["by"].as_signed())
+        w7 = r7["w"].as_signed()
+        r8, p = regs(8, y=r7["y"], simple=r7["simple"], mag=Mux(w7[31], -w7, w7)[:32], pl=low, ph=high, pm=mid)
+        advance(7, p)
+        r9, p = regs(9, y=r8["y"], simple=r8["simple"], mag=r8["mag"], pb=_mul_sum(r8["pl"], r8["ph"], r8["pm"]))
+        advance(8, p)
 
-        # ---- c5: result into r[dst]; reductions into the stage accumulator
+        # ---- c9: result into r[dst]; reductions into the stage accumulator
+        e9, v9, pb = es[9], vs[9], r9["pb"].as_signed()
         res = Signal(INT32, name=f"s{s}_res")
         wdst = Signal(name=f"s{s}_wdst")
-        gate = pb[nx.GATE_FRAC - 1:].as_signed()   # SiLU: (pb + 2**(GATE_FRAC - 1)) >> GATE_FRAC, as in _round_shift
         with m.Switch(op):
             with m.Case(M.LD, M.ADD, M.SUB, M.ADDV, M.RSUB1):
-                m.d.comb += [res.eq(simple5), wdst.eq(1)]
+                m.d.comb += [res.eq(r9["simple"]), wdst.eq(1)]
             with m.Case(M.MUL, M.MULV, M.SIG, M.SIGNEG):
-                m.d.comb += [res.eq(y5), wdst.eq(1)]
+                m.d.comb += [res.eq(r9["y"]), wdst.eq(1)]
             with m.Case(M.SILU):
-                m.d.comb += [res.eq(_sat32(gate[1:].as_signed() + gate[0])), wdst.eq(1)]
-        with m.If(adv):
-            m.d.sync += vo.eq(v5)
-            m.d.sync += _load(v5, [(eo.index, e5.index), (eo.last, e5.last),
-                                   *((eo.r[j], Mux(wdst & (mo.dst == j), res, e5.r[j])) for j in range(4))])
+                # (pb + 2**(GATE_FRAC - 1)) >> GATE_FRAC, rounded as in c5
+                m.d.comb += [res.eq(_sat32_inc(pb[nx.GATE_FRAC:].as_signed(), pb[nx.GATE_FRAC - 1])), wdst.eq(1)]
+        eo = es[n]
+        advance(9, [(eo.index, e9.index), (eo.last, e9.last),
+                    *((eo.r[j], Mux(wdst & (dc["dst"] == j), res, e9.r[j])) for j in range(4))], elem=False)
 
+        # SSQ: acc += pb >> SSQ_SHIFT in two 32-bit halves, the low half's carry entering the high half one cycle
+        # later (a pending carry is added in the next cycle, with or without a new term); an overflow of the
+        # high half sets ``sat`` (the sum only grows, so the golden device's saturated sum is 2**64 - 1 from
+        # then on). AMAX: acc = max(acc, |w|) (acc < 2**32 whenever the program has written it).
         acc = Signal(unsigned(64), name=f"s{s}_acc")
-        fin = Signal(name=f"s{s}_fin")
-        mag = Signal(unsigned(32), name=f"s{s}_mag")
-        term, carry = _add_u64(acc, pb[nx.SSQ_SHIFT:63])
-        m.d.comb += mag.eq(Mux(w5 < 0, -w5, w5))
-        with m.If(adv & v5):
-            with m.If(dc["ssq"]):
-                m.d.sync += acc.eq(Mux(carry, _U64_MAX, term))
-            with m.Elif(dc["amax"]):
-                m.d.sync += acc.eq(Mux(mag > acc, mag, acc))
-            with m.If(e5.last):
-                m.d.sync += fin.eq(1)
+        cy, sat, fin0 = Signal(name=f"s{s}_cy"), Signal(name=f"s{s}_sat"), Signal(name=f"s{s}_fin0")
+        term = pb[nx.SSQ_SHIFT:63]
+        take = adv & v9 & dc["ssq"]
+        lo_sum = acc[:32] + Mux(take, term[:32], 0)
+        hi_sum = _add_cin(acc[32:], Mux(take, term[32:], 0), cy)
+        mag = r9["mag"]
+        with m.If(take | cy):
+            m.d.sync += [acc.eq(Cat(lo_sum[:32], hi_sum[:32])), cy.eq(lo_sum[32])]
+            with m.If(hi_sum[32]):
+                m.d.sync += sat.eq(1)
+        with m.If(adv & v9 & dc["amax"] & (acc[32:] == 0) & (mag > acc[:32])):
+            m.d.sync += acc.eq(mag)
+        with m.If(adv & v9 & e9.last):
+            m.d.sync += fin0.eq(1)
         with m.If(self.start):
-            m.d.sync += [acc.eq(0), fin.eq(0)]
-        return eo, vo, a1, acc, fin
+            m.d.sync += [acc.eq(0), cy.eq(0), sat.eq(0), fin0.eq(0)]
+        fin = Signal(name=f"s{s}_fin")
+        m.d.comb += fin.eq(fin0 & ~cy)
+        return eo, vs[n], a1, acc, sat, fin

@@ -408,7 +408,7 @@ def test_compiled_programs(output_gate, idle, backpressure):
 
 def test_parameters():
     dut = Epilogue()
-    assert dut.latency == 52 and dut.multipliers == 17
+    assert dut.latency == 85 and dut.multipliers == 17
     assert dut.lut_rom == (MAX_OPS // 2, 1 << nx.LUT_SEGMENTS_LOG2, 30 + 23)
     assert dut.read_port_name(Buffer.STATE_OLD) == "rd_state_old"
     for kw, exc in (({"lut_segments_log2": 5}, ValueError), ({"lut_segments_log2": 15}, ValueError),
