@@ -426,9 +426,11 @@ class Accelerator(wiring.Component):
             m.d.comb += chunk_trits[c].eq(g.o.payload.count)
             nz = [((g.o.payload.trits[j] != 0) & (j < g.o.payload.count)) for j in range(lpc)]
             m.d.comb += chunk_nz[c].eq(sum(nz))
+        # this cycle's trits and non-zero trits, registered before the 64-bit counters (they count a cycle late;
+        # a GEMV's last chunk is many cycles before its instruction ends)
         trits_now = Signal(32)
         nz_now = Signal(32)
-        m.d.comb += [trits_now.eq(sum(Mux3(g.o.valid & g.o.ready, chunk_trits[c]) for c, g in enumerate(gear))),
+        m.d.sync += [trits_now.eq(sum(Mux3(g.o.valid & g.o.ready, chunk_trits[c]) for c, g in enumerate(gear))),
                      nz_now.eq(sum(Mux3(g.o.valid & g.o.ready, chunk_nz[c]) for c, g in enumerate(gear)))]
         m.d.sync += [ctr[Counter.TRITS].eq(ctr[Counter.TRITS] + trits_now),
                      ctr[Counter.NONZERO_TRITS].eq(ctr[Counter.NONZERO_TRITS] + nz_now),
@@ -839,8 +841,8 @@ class Accelerator(wiring.Component):
                 # padding words, then the trailer; the logits (if any) went out during the LM head
                 m.d.comb += busy.eq(1)
                 # pad_words = (-(n_logits + 8)) & 15, registered: n_logits is stable for cycles before END
-                idx = Signal(16)
-                m.d.comb += idx.eq(cnt)
+                idx = Signal(5)               # cnt < pad_words + 8 <= 23 here: five bits (a short trailer mux)
+                m.d.comb += idx.eq(cnt[:5])
                 m.d.comb += out_valid.eq(1)
                 with m.If(idx < pad_words):
                     m.d.comb += out_word.eq(0)
