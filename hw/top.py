@@ -480,25 +480,15 @@ class Accelerator(wiring.Component):
         # path at the ECP5 clock).
         chk_crc, chk_opcode, chk_microop, chk_shape, chk_truncated, chk_consts = (
             Signal(name=f"chk_{n}") for n in ("crc", "opcode", "microop", "shape", "truncated", "consts"))
-        # Channel 0's weight beats, ceil(ceil(n / C) * k / (64 * trits per byte)) sections of 64 // beat_bytes
-        # beats, without a divider on the path: the rows and k are taken from the header's first beat, their
-        # product (plus the rounding) is registered the next cycle, and F_CHECK2 (at least two cycles after the
-        # first beat) divides by a constant with a reciprocal multiply.
-        # ceil(x / 3) = ((x + 2) * 43691) >> 17 for x < 2**17; floor(z / 5) = (z * 13421773) >> 26 for
-        # z < 2**26 (both exact: 3 * 43691 = 2**17 + 1, 5 * 13421773 = 2**26 + 1; z <= (65535**2 + 319) >> 6).
+        # Channel 0's weight beats (block_rows, block_sections), without a divider on the path: the rows and k
+        # are taken from the header's first beat, their product (plus the rounding) is registered the next
+        # cycle, and F_CHECK2 (at least two cycles after the first beat) divides by a constant.
         sz_rows, sz_k = Signal(16), Signal(16)
         sz_blk = Signal(33)           # rows * k + (trits per section - 1)
         per = 5 if self.packing is TritPacking.BASE3 else 4
-
-        def rows_of(n):
-            if C == 3:
-                return ((n + 2) * 43691) >> 17
-            return (n + C - 1) >> (C - 1).bit_length()
-
         m.d.sync += sz_blk.eq(sz_rows * sz_k + (64 * per - 1))
-        sections = ((sz_blk >> 6) * 13421773) >> 26 if per == 5 else sz_blk >> 8
         block_beats = Signal(24)
-        m.d.comb += block_beats.eq(sections * (64 // beat_bytes))
+        m.d.comb += block_beats.eq(block_sections(sz_blk, per) * (64 // beat_bytes))
         f_idx = Signal(32)            # index of the instruction being fetched
         f_cnt = Signal(24)            # header or weight beats of the current section
         f_last = Signal()             # the header's last beat carried tlast
@@ -539,7 +529,7 @@ class Accelerator(wiring.Component):
                         m.d.sync += [f_cnt.eq(f_cnt + 1), f_last.eq(ch0.tlast),
                                      img.eq(Cat(img[self.bus_bits:], ch0.tdata))]
                         with m.If(f_cnt == 0):      # header word 1 (n, k) is in the first beat
-                            m.d.sync += [sz_rows.eq(rows_of(ch0.tdata[32:48])), sz_k.eq(ch0.tdata[48:64])]
+                            m.d.sync += [sz_rows.eq(block_rows(ch0.tdata[32:48], C)), sz_k.eq(ch0.tdata[48:64])]
                         with m.If(f_cnt == hdr_beats - 1):
                             m.d.sync += f_cnt.eq(0)
                             m.next = "F_CHECK"
@@ -898,6 +888,25 @@ class Accelerator(wiring.Component):
         m.d.comb += crc_o.start.eq(first_out & out_take)
         m.d.comb += old_valid.eq(state_valid)
         return m
+
+
+def block_rows(n, channels: int):
+    """``ceil(n / channels)`` (channel 0's rows of an ``n``-row GEMV; ``n`` unsigned, below ``2**16``) without a
+    divider: a shift, or for 3 channels ``((n + 2) * 43691) >> 17``, exact for ``n + 2 < 2**17`` since
+    ``3 * 43691 = 2**17 + 1`` (docs/ISA.md: block ``c`` holds rows ``c, c + C, ...``)."""
+    if channels == 3:
+        return ((n + 2) * 43691) >> 17
+    return (n + channels - 1) >> (channels - 1).bit_length()
+
+
+def block_sections(blk_plus, trits_per_byte: int):
+    """64-byte sections of a weight block from ``blk_plus = trits + 64 * trits_per_byte - 1`` (unsigned, below
+    ``2**32 + 320``): ``floor(blk_plus / 256)`` for 2-bit packing, ``floor(floor(blk_plus / 64) / 5)`` for
+    base-3 as ``(z * 13421773) >> 26``, exact for ``z < 2**26`` since ``5 * 13421773 = 2**26 + 1``."""
+    if trits_per_byte == 5:
+        return ((blk_plus >> 6) * 13421773) >> 26
+    assert trits_per_byte == 4
+    return blk_plus >> 8
 
 
 def Mux3(cond, value):  # noqa: N802 - a value when cond, else 0
