@@ -585,21 +585,14 @@ class Accelerator(wiring.Component):
                 m.next = "F_CHECK2"
             with fstate("F_CHECK2"):
                 m.d.sync += [cvec.eq(0), cbeat.eq(0), f_cnt.eq(0), f_block_beats.eq(block_beats)]
-                with m.If(chk_crc):
-                    m.d.sync += f_fail(ErrorCause.INSTR_CRC)
-                    m.next = "F_ERR"
-                with m.Elif(chk_opcode):
-                    m.d.sync += f_fail(ErrorCause.UNKNOWN_OPCODE)
-                    m.next = "F_ERR"
-                with m.Elif(chk_microop):
-                    m.d.sync += f_fail(ErrorCause.BAD_MICROOP)
-                    m.next = "F_ERR"
-                with m.Elif(chk_shape):
-                    m.d.sync += f_fail(ErrorCause.BAD_SHAPE)
-                    m.next = "F_ERR"
-                with m.Elif(chk_truncated):   # the image ends with this header
-                    m.d.sync += f_fail(ErrorCause.TRUNCATED)
-                    m.next = "F_ERR"
+                # in precedence order; TRUNCATED: the image ends with this header
+                failures = ((chk_crc, ErrorCause.INSTR_CRC), (chk_opcode, ErrorCause.UNKNOWN_OPCODE),
+                            (chk_microop, ErrorCause.BAD_MICROOP), (chk_shape, ErrorCause.BAD_SHAPE),
+                            (chk_truncated, ErrorCause.TRUNCATED))
+                for i, (flag, cause) in enumerate(failures):
+                    with (m.If if i == 0 else m.Elif)(flag):
+                        m.d.sync += f_fail(cause)
+                        m.next = "F_ERR"
                 with m.Elif(chk_consts):
                     m.next = "F_CONSTS"
                 with m.Else():
