@@ -28,7 +28,7 @@ QC, its GEMV_START, or for LOAD_TOKEN its first epilogue cycle)::
                   beats_0), ``start`` the GEMV_START cycle)
     LOAD_TOKEN  F = 1 + token_packet_words + 1 + (16 + 1) + 1     (token packet and image header, word by word)
                 X = D + 1 + H + EPILOGUE_LATENCY + DONE_LATENCY;   next F = D + 1
-    END_TOKEN   X = D + ((-(V + 8)) mod 16) + 8      padding and the 8-word trailer (then the commit)
+    END_TOKEN   X = D + ((-(V + 8)) mod 16) + 8 + 1  padding, the 8-word trailer and the CRC gap (then the commit)
 
 (``cb``: ``ceil(const_section_bytes / beat_bytes)``; ``const_section_bytes``,
 :func:`host.image.const_section_bytes`: the QC vector (K words) and n_consts vectors of N words, each padded
@@ -80,16 +80,16 @@ from hw import isa
 from hw.isa import Buffer, Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 
 __all__ = [
-    "BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "RECIP_CYCLES", "QUANT_LATENCY", "EPILOGUE_LATENCY",
-    "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters",
+    "BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "RECIP_CYCLES", "CRC_GAP_CYCLES", "QUANT_LATENCY",
+    "EPILOGUE_LATENCY", "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters",
     "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "InstrShape", "ProgramShape",
     "program_shapes", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
 ]
 
 #: the scalar unit per prologue: its command handshake (1) + its latency (hw/scalar.py SCALAR_LATENCY: isqrt of
 #: the 64-bit sum of squares in parallel with 127/A, then a 25-bit division)
-SCALAR_CYCLES = 60
-RECIP_CYCLES = 32      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 6
+SCALAR_CYCLES = 62
+RECIP_CYCLES = 33      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 7
 QUANT_LATENCY = 6      #: quantize prologue pipeline (hw/quant.py)
 #: Epilogue pipeline, element in to element out: entry (5) + 10 stages per micro-op slot (hw/epilogue.py)
 EPILOGUE_LATENCY = 5 + 10 * isa.MAX_OPS
@@ -99,9 +99,12 @@ GEMV_LATENCY = 5
 DONE_LATENCY = 2       #: the epilogue's ``done`` strobe after the last element's exit (hw/epilogue.py: 1-2)
 IMAGE_HEADER_BYTES = isa.layout_bytes(isa.ImageHeader)    #: 64
 INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)    #: 64
+#: The output CRC runs on a registered copy of each word (hw/top.py, ECP5 timing): the trailer's CRC word
+#: waits one cycle after the word before it
+CRC_GAP_CYCLES = 1
 #: END_TOKEN after the header: the output packet without logits (one 64-byte section: header, padding, CRC)
-#: on a 32-bit output stream, then the state commit
-OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + 1
+#: on a 32-bit output stream, the CRC gap, then the state commit
+OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + CRC_GAP_CYCLES + 1
 #: The sequencer of hw/top.py: it reads the token packet and the image header one 32-bit word per cycle
 #: (16 cycles a header whatever the bus width), then spends a cycle checking each; its fetcher reads
 #: instruction headers and constants at one beat per cycle plus a cycle for each CRC check (module
@@ -610,9 +613,9 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
             done = end + OUTPUT_CYCLES
         else:
             # the logits left during the LM head: the padding to a whole section and the 8-word trailer
-            # (word by word), then the commit (not a busy cycle)
+            # (word by word) with the CRC gap, then the commit (not a busy cycle)
             trailer = isa.layout_bytes(isa.OutputTrailer) // 4
-            done = end + (-(info.vocab + trailer)) % (isa.SECTION_BYTES // 4) + trailer
+            done = end + (-(info.vocab + trailer)) % (isa.SECTION_BYTES // 4) + trailer + CRC_GAP_CYCLES
         tl.lanes_free = done
     else:
         raise ValueError(f"no cycle model for opcode {ins.opcode!r}")

@@ -190,6 +190,11 @@ class Quantizer(wiring.Component):
         qconst = Signal()
         rnd1 = Signal(64)        # 2**(q_shift - 1), 0 for q_shift = 0
         rnd2 = Signal(64)        # 2**(r_shift - 1), 0 for r_shift = 0
+        # saturation thresholds: floor(s / 2**n) >= 2**b  <=>  s >= 2**(b + n), and < -2**b  <=>  s < -2**(b + n);
+        # a signed 64-bit s reaches them only for b + n <= 62 (else sat_* is 0 and the shift alone is exact)
+        thr1, thr2 = Signal(signed(64)), Signal(signed(64))     # 2**(31 + q_shift), 2**(7 + r_shift)
+        nthr1, nthr2 = Signal(signed(64)), Signal(signed(64))   # their negatives
+        sat1, sat2 = Signal(), Signal()
 
         # ---- stage 0: address the source words
         busy = Signal()          # words after the first remain to be read
@@ -231,6 +236,12 @@ class Quantizer(wiring.Component):
                 q_shift.eq(Mux(cmd.qconst, cmd.q_shift, 0)),
                 rnd1.eq(Mux(cmd.qconst, (Const(1, 65) << cmd.q_shift)[1:], 0)),
                 rnd2.eq((Const(1, 65) << cmd.r_shift)[1:]),
+                thr1.eq(Const(1 << 31, 64) << Mux(cmd.qconst, cmd.q_shift, 0)),
+                thr2.eq(Const(1 << 7, 64) << cmd.r_shift),
+                nthr1.eq(-(Const(1 << 31, 64) << Mux(cmd.qconst, cmd.q_shift, 0))[:64]),
+                nthr2.eq(-(Const(1 << 7, 64) << cmd.r_shift)[:64]),
+                sat1.eq(Mux(cmd.qconst, cmd.q_shift, 0) <= 31),
+                sat2.eq(cmd.r_shift <= 55),
             ]
 
         # ---- stages 1-7 per lane
@@ -246,11 +257,12 @@ class Quantizer(wiring.Component):
             # stage 2: p1 + 2**(q_shift-1), p1 = src * qc exact, the sum wrapping in int64 as hw.numerics.mul's
             sum1 = Signal(signed(64), name=f"sum1_{j}")
             m.d.sync += sum1.eq((pp[0] + ((pp[1] + pp[2]) << 16) + (pp[3] << 32) + rnd1)[:64].as_signed())
-            # stage 3: w = sat32(sum1 >> q_shift)
-            t1 = Signal(signed(64), name=f"t1_{j}")
-            m.d.comb += t1.eq(sum1 >> q_shift)
+            # stage 3: w = sat32(sum1 >> q_shift); the saturation compares sum1 with the thresholds in parallel
+            # with the shift, which then only needs its low 32 bits
+            t1 = Signal(signed(32), name=f"t1_{j}")
+            m.d.comb += t1.eq((sum1 >> q_shift)[:32])
             w = Signal(signed(32), name=f"w_{j}")
-            m.d.sync += w.eq(Mux(t1 > _INT32_MAX, _INT32_MAX, Mux(t1 < _INT32_MIN, _INT32_MIN, t1)))
+            m.d.sync += w.eq(Mux(sat1 & (sum1 >= thr1), _INT32_MAX, Mux(sat1 & (sum1 < nthr1), _INT32_MIN, t1)))
             # stage 4: p2 = w * r_mant (|p2| < 2**57)
             p2 = Signal(signed(59), name=f"p2_{j}")
             m.d.sync += p2.eq(w * r_mant)
@@ -258,9 +270,10 @@ class Quantizer(wiring.Component):
             sum2 = Signal(signed(64), name=f"sum2_{j}")
             m.d.sync += sum2.eq(p2 + rnd2)
             # stage 6: clamp(sum2 >> r_shift, -128, 127); lanes >= count are 0
-            t2 = Signal(signed(64), name=f"t2_{j}")
-            m.d.comb += t2.eq(sum2 >> r_shift)
-            m.d.comb += codes[j].eq(Mux(s6.count <= j, 0, Mux(t2 > 127, 127, Mux(t2 < -128, -128, t2))))
+            t2 = Signal(signed(8), name=f"t2_{j}")
+            m.d.comb += t2.eq((sum2 >> r_shift)[:8])
+            m.d.comb += codes[j].eq(Mux(s6.count <= j, 0,
+                                        Mux(sat2 & (sum2 >= thr2), 127, Mux(sat2 & (sum2 < nthr2), -128, t2))))
 
         # ---- stage 6: gather groups of ql codes into a code word; stage 7: write it
         group = Signal(range(groups))

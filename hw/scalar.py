@@ -32,8 +32,9 @@ __all__ = ["ScalarRequest", "ScalarResult", "ScalarUnit", "SCALAR_LATENCY"]
 
 _ROOT_STEPS = 32   #: isqrt of a 64-bit value: one root bit per step
 _QUOT_STEPS = 25   #: both quotients are < 2**25
-#: Cycles from the transfer on ``i`` (cycle 0) to ``o.valid`` (1 + 32 root steps, 1 reload, 25 steps).
-SCALAR_LATENCY = _ROOT_STEPS + 1 + _QUOT_STEPS + 1
+#: Cycles from the transfer on ``i`` (cycle 0) to ``o.valid``: 1 input normalization, 32 root steps, 1 root
+#: leading-zero count, 1 reload, 25 steps, and ``o.valid`` in the next cycle.
+SCALAR_LATENCY = 1 + _ROOT_STEPS + 2 + _QUOT_STEPS + 1
 
 
 class ScalarRequest(data.Struct):
@@ -102,16 +103,18 @@ class ScalarUnit(wiring.Component):
 
     Timing
     ------
-    The request transfers in cycle 0 (the operands are normalized on the way into the registers);
-    cycles 1-32 take the 32 square-root steps, the 32 shift-and-add steps of ``cb_mant * A`` and the 25
-    steps of ``r_mant``; cycle 33 normalizes the root and the product and reloads the divider;
-    cycles 34-58 take the 25 steps of ``s_mant``; ``o.valid`` rises in cycle 59
-    (:data:`SCALAR_LATENCY`, within ``host.perf.SCALAR_CYCLES`` = 64) and stays until ``o.ready``.
+    The request transfers in cycle 0 (the operands and their leading-zero counts are registered); cycle 1
+    shifts them into normalized form; cycles 2-33 take the 32 square-root steps, the 32 shift-and-add
+    steps of ``cb_mant * A`` and the 25 steps of ``r_mant``; cycle 34 counts the root's leading zeros;
+    cycle 35 normalizes the root and the product and reloads the divider; cycles 36-60 take the 25 steps
+    of ``s_mant``; ``o.valid`` rises in cycle 61 (:data:`SCALAR_LATENCY`, within
+    ``host.perf.SCALAR_CYCLES``) and stays until ``o.ready``. A leading-zero count and the shift it
+    drives never share a cycle (ECP5 timing: each is several LUT levels deep).
     The next request is accepted in the cycle after the result's transfer.
 
     Resources: no multipliers, no memories. Adders: one 36-bit (root), one 33-bit (product), one 33-bit
     (divider); three 32-bit leading-zero counters with left normalizers (``A``, ``cb_mant``, root);
-    about 420 flip-flops.
+    about 530 flip-flops.
     """
 
     def __init__(self):
@@ -122,7 +125,7 @@ class ScalarUnit(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from the transfer on ``i`` to ``o.valid`` (:data:`SCALAR_LATENCY`, 59)."""
+        """Cycles from the transfer on ``i`` to ``o.valid`` (:data:`SCALAR_LATENCY`, 61)."""
         return SCALAR_LATENCY
 
     def elaborate(self, platform):
@@ -173,24 +176,22 @@ class ScalarUnit(wiring.Component):
                 dv_q.eq(Cat(div_ge, dv_q)),
             ]
 
-        # ---- operand normalization at the input (from the payload)
-        a = Mux(req.amax == 0, 1, req.amax)
+        # ---- operand normalization: the leading-zero counts are registered at the transfer, the shifts
+        # by them happen in NORM
+        a_in = Mux(req.amax == 0, 1, req.amax)
+        a = Signal(32)         # A = max(amax, 1)
+        cb = Signal(32)        # cb_mant
         za = Signal(6)
         zc = Signal(6)
         a_n = Signal(32)
-        m.d.comb += [
-            za.eq(_clz(a)),
-            zc.eq(_clz(req.cb_mant)),
-            a_n.eq(a << za),
-        ]
+        m.d.comb += a_n.eq(a << za)
 
-        # ---- root and product normalization at the reload
-        root_eff = Mux(root == 0, 1, root)
+        # ---- root and product normalization: the root's leading zeros registered in ROOT_CLZ
+        root_eff = Signal(32)  # max(root, 1)
         zr = Signal(6)
         root_n = Signal(32)
         num_n = Signal(64)
         m.d.comb += [
-            zr.eq(_clz(root_eff)),
             root_n.eq(root_eff << zr),
             num_n.eq(Mux(prod[63], prod, prod << 1)),
         ]
@@ -210,26 +211,37 @@ class ScalarUnit(wiring.Component):
                         x.eq(req.ssq),
                         rem.eq(0),
                         root.eq(0),
-                        cn.eq(req.cb_mant << zc),
-                        prod.eq(a_n),
-                        # r_mant = (127 * 2**49 + (a_n >> 1)) // a_n: the top 31 dividend bits, then 25
-                        dv_r.eq(Cat(a_n[26:32], Const(0, 18), Const(127, 7))),
-                        dv_bits.eq(a_n[1:26]),
-                        dv_d.eq(a_n),
-                        r_shift.eq(49 - za),
-                        zcza.eq(zc + za),
+                        a.eq(a_in),
+                        cb.eq(req.cb_mant),
+                        za.eq(_clz(a_in)),
+                        zc.eq(_clz(req.cb_mant)),
                         cb_zero.eq(req.cb_mant == 0),
                         shift_in.eq(req.cb_shift - req.out_frac),
-                        cnt.eq(0),
                     ]
-                    m.next = "ROOT"
+                    m.next = "NORM"
+            with m.State("NORM"):
+                m.d.sync += [
+                    cn.eq(cb << zc),
+                    prod.eq(a_n),
+                    # r_mant = (127 * 2**49 + (a_n >> 1)) // a_n: the top 31 dividend bits, then 25
+                    dv_r.eq(Cat(a_n[26:32], Const(0, 18), Const(127, 7))),
+                    dv_bits.eq(a_n[1:26]),
+                    dv_d.eq(a_n),
+                    r_shift.eq(49 - za),
+                    zcza.eq(zc + za),
+                    cnt.eq(0),
+                ]
+                m.next = "ROOT"
             with m.State("ROOT"):
                 root_step()
                 with m.If(cnt < _QUOT_STEPS):
                     div_step()
                 m.d.sync += cnt.eq(cnt + 1)
                 with m.If(cnt == _ROOT_STEPS - 1):
-                    m.next = "RELOAD"
+                    m.next = "ROOT_CLZ"
+            with m.State("ROOT_CLZ"):
+                m.d.sync += [root_eff.eq(Mux(root == 0, 1, root)), zr.eq(_clz(Mux(root == 0, 1, root)))]
+                m.next = "RELOAD"
             with m.State("RELOAD"):
                 # s_mant = (num_n >> 8) // root_n: the top 31 dividend bits num_n[33:], then num_n[8:33]
                 m.d.sync += [

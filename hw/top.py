@@ -403,7 +403,6 @@ class Accelerator(wiring.Component):
         m.d.comb += [out.tdata.eq(out_word), out.tvalid.eq(out_valid), out.tlast.eq(out_last)]
         out_take = Signal()
         m.d.comb += out_take.eq(out_valid & out.tready)
-        m.d.comb += [crc_o.data.eq(out_word), crc_o.valid.eq(out_take & ~out_last)]
         logits_on = Signal()
         with m.If(logits_on & want_logits):
             m.d.comb += [out_word.eq(epi.logits.payload), out_valid.eq(epi.logits.valid),
@@ -439,6 +438,12 @@ class Accelerator(wiring.Component):
         # ---------------- the sequencer
         stalls = Signal()
         first_out = Signal(init=1)    # the next output word starts a packet (the last one ended with tlast)
+        # the output CRC runs one cycle behind the stream, on a registered copy of each word taken (the
+        # word's source muxes and the CRC's XOR tree would otherwise share a cycle); the trailer leaves a
+        # one-cycle gap before the CRC word for it
+        crc_data, crc_valid, crc_start = Signal(32), Signal(), Signal()
+        m.d.sync += [crc_data.eq(out_word), crc_valid.eq(out_take & ~out_last), crc_start.eq(first_out & out_take)]
+        m.d.comb += [crc_o.data.eq(crc_data), crc_o.valid.eq(crc_valid), crc_o.start.eq(crc_start)]
         clear_pending = Signal()      # CTRL.clear while an aborted output packet was still being closed
         lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
         instr_done = Signal()         # an instruction completes this cycle (the next one's DISPATCH follows)
@@ -824,9 +829,10 @@ class Accelerator(wiring.Component):
                 # padding words, then the trailer; the logits (if any) went out during the LM head
                 m.d.comb += busy.eq(1)
                 # pad_words = (-(n_logits + 8)) & 15, registered: n_logits is stable for cycles before END
-                idx = Signal(5)               # cnt < pad_words + 8 <= 23 here: five bits (a short trailer mux)
+                idx = Signal(5)               # cnt <= pad_words + 8 <= 24 here: five bits (a short trailer mux)
                 m.d.comb += idx.eq(cnt[:5])
-                m.d.comb += out_valid.eq(1)
+                crc_gap = Signal()            # the cycle before the CRC word: nothing is sent
+                m.d.comb += out_valid.eq(~crc_gap)
                 with m.If(idx < pad_words):
                     m.d.comb += out_word.eq(0)
                 with m.Else():
@@ -847,8 +853,10 @@ class Accelerator(wiring.Component):
                         with m.Case(6):
                             m.d.comb += out_word.eq(n_logits)
                         with m.Case(7):
+                            m.d.comb += crc_gap.eq(1)
+                        with m.Case(8):
                             m.d.comb += [out_word.eq(crc_o.crc), out_last.eq(1)]
-                with m.If(out_take):
+                with m.If(out_take | crc_gap):
                     m.d.sync += cnt.eq(cnt + 1)
                     with m.If(out_last):
                         m.d.sync += [cnt.eq(0), bank_flip.eq(1)]
@@ -878,7 +886,6 @@ class Accelerator(wiring.Component):
         # the output CRC restarts with each packet: after the previous trailer
         with m.If(out_take):
             m.d.sync += first_out.eq(out_last)
-        m.d.comb += crc_o.start.eq(first_out & out_take)
         m.d.comb += old_valid.eq(state_valid)
         return m
 

@@ -18,6 +18,7 @@ from host.image import channel_rows, parse_image
 from host.model import HGRNBitConfig, random_weights
 from host.perf import (
     BOARDS,
+    CRC_GAP_CYCLES,
     DONE_LATENCY,
     EPILOGUE_LATENCY,
     GEMV_LATENCY,
@@ -135,7 +136,7 @@ def _as_built_formula(prog, b: BuildParams) -> list[int]:
         ready = c0 + cb + 1 if cb else fetch + hb + 2
         d = max(x + 1, ready)                               # dispatch
         if ins.opcode is Opcode.END_TOKEN:
-            done = d + (-(prog.vocab + 8)) % 16 + 8
+            done = d + (-(prog.vocab + 8)) % 16 + 8 + CRC_GAP_CYCLES
         elif ins.opcode is Opcode.LOAD_TOKEN:
             done = d + 1 + ins.n + EPILOGUE_LATENCY + DONE_LATENCY
             fetch, qc_free = d + 1, d + 2

@@ -196,15 +196,16 @@ def test_random_vectors_exact(quant_lanes, lanes, idle):
 
 def test_edges_exact():
     """Saturation and wrap corners of ``mul`` (int32 extremes, q_shift 0 and 63, the int64 wrap of
-    ``-2**31 * -2**31 + 2**62``), codes at +-127/-128, k = 1, k = max_k (whole words), k = 0."""
+    ``-2**31 * -2**31 + 2**62``), codes at +-127/-128, k = 1, k = max_k (whole words), k = 0; the last
+    shifts where the threshold compares hand over to the plain shift (q_shift 31/32, r_shift 55/56)."""
     ql, lanes = 4, 8
     max_k = 3 * lanes
     src = np.array([nx.INT32_MIN, nx.INT32_MAX, -1, 0, 1, nx.INT32_MIN, 12345, -77777] * 3, np.int64)
     qc = np.array([nx.INT32_MIN, nx.INT32_MAX, nx.INT32_MIN, 5, -1, 1, nx.INT32_MAX, -(1 << 30)] * 3, np.int64)
     cmds = []
-    for q_shift in (0, 1, 31, 62, 63):
+    for q_shift in (0, 1, 31, 32, 62, 63):
         for r_mant, r_shift in (nx.quant_recip(0), nx.quant_recip(1 << 31), nx.quant_recip(100), ((1 << 26) - 1, 1),
-                                ((1 << 26) - 1, 63)):
+                                ((1 << 26) - 1, 55), ((1 << 26) - 1, 56), ((1 << 26) - 1, 63)):
             cmds.append({"k": max_k, "q_shift": q_shift, "qconst": 1, "r_mant": r_mant, "r_shift": r_shift})
     cmds += [{"k": max_k, "q_shift": 5, "qconst": 0, "r_mant": 127 << 17, "r_shift": 49},
              {"k": 1, "q_shift": 63, "qconst": 1, "r_mant": 1 << 25, "r_shift": 20},
