@@ -26,7 +26,7 @@ QC, its GEMV_START, or for LOAD_TOKEN its first epilogue cycle)::
       next F    = D + beats_0 + 1, or later when the block is deeper than the FIFO: the FIFO then
                   waits for gearbox 0 (about start + 2 + (beats_0 - 1 - fifo_beats) * max(1, compute_0 /
                   beats_0), ``start`` the GEMV_START cycle)
-    LOAD_TOKEN  F = 1 + token_packet_words + 1 + (16 + 1) + 1     (token packet and image header, word by word)
+    LOAD_TOKEN  F = 1 + token_packet_words + 2 + (16 + 2) + 1     (token packet and image header, word by word)
                 X = D + 1 + H + EPILOGUE_LATENCY + DONE_LATENCY;   next F = D + 1
     END_TOKEN   X = D + ((-(V + 8)) mod 16) + 8 + 1  padding, the 8-word trailer and the CRC gap (then the commit)
 
@@ -106,12 +106,12 @@ CRC_GAP_CYCLES = 1
 #: on a 32-bit output stream, the CRC gap, then the state commit
 OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + CRC_GAP_CYCLES + 1
 #: The sequencer of hw/top.py: it reads the token packet and the image header one 32-bit word per cycle
-#: (16 cycles a header whatever the bus width), then spends a cycle checking each; its fetcher reads
-#: instruction headers and constants at one beat per cycle plus a cycle for each CRC check (module
-#: docstring). A GEMV spends one cycle handing the quantizer its command, one starting the rows (GEMV_START)
-#: and one after its epilogue finishes (GEMV_DRAIN).
+#: (16 cycles a header whatever the bus width), then spends two cycles checking each (the CRC runs a cycle
+#: behind the stream); its fetcher reads instruction headers and constants at one beat per cycle plus two
+#: cycles for each check (module docstring). A GEMV spends one cycle handing the quantizer its command, one
+#: starting the rows (GEMV_START) and one after its epilogue finishes (GEMV_DRAIN).
 HEADER_WORD_CYCLES = isa.layout_bytes(isa.InstrHeader) // 4
-SEQ_CHECK_CYCLES = 1
+SEQ_CHECK_CYCLES = 2                          #: a CRC check: the CRC takes the last word, then the check
 FETCH_CHECK_CYCLES = 2                        #: the fetcher's instruction-header check (F_CHECK, F_CHECK2)
 SEQ_DISPATCH_CYCLES = 2                       #: DISPATCH + EXEC
 GEMV_SEQ_CYCLES = 2                           #: GEMV_START + GEMV_DRAIN

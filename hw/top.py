@@ -244,7 +244,17 @@ class Accelerator(wiring.Component):
         crc_b = crc.catalog.CRC32_ETHERNET(data_width=self.bus_bits).create()
         crc_o = crc.catalog.CRC32_ETHERNET(data_width=32).create()
         m.submodules.crc_w, m.submodules.crc_b, m.submodules.crc_o = crc_w, crc_b, crc_o
-        m.d.comb += [crc_w.data.eq(word), crc_w.valid.eq(word_take), crc_b.data.eq(ch0.tdata)]
+        # the fetcher's and the sequencer's CRCs run one cycle behind their streams, on registered copies of
+        # the data, valid and start that the state machines drive (their decodes and the CRC's XOR tree would
+        # otherwise share a cycle): a check reads the CRC one cycle later than the last word's (docs/RTL.md)
+        crc_w_valid, crc_w_start = Signal(), Signal()     # driven by the sequencer, this cycle
+        crc_b_valid, crc_b_start = Signal(), Signal()     # driven by the fetcher, this cycle
+        for proc, data_now, valid_now, start_now in ((crc_w, word, crc_w_valid, crc_w_start),
+                                                     (crc_b, ch0.tdata, crc_b_valid, crc_b_start)):
+            d, v, st = Signal.like(proc.data), Signal(), Signal()
+            m.d.sync += [d.eq(data_now), v.eq(valid_now), st.eq(start_now)]
+            m.d.comb += [proc.data.eq(d), proc.valid.eq(v), proc.start.eq(st)]
+        m.d.comb += crc_w_valid.eq(word_take)
 
         # ---------------- sequencer state
         err = Signal()
@@ -312,7 +322,7 @@ class Accelerator(wiring.Component):
         m.d.comb += [bqc.wr_wide.addr.eq(cbeat), bqc.wr_wide.data.eq(ch0.tdata),
                      bqc.wr_wide.en.eq(beat_to_consts & ch0.tvalid & is_qc)]
         with m.If(beat_to_consts):
-            m.d.comb += [ch0.tready.eq(1), crc_b.valid.eq(ch0.tvalid)]
+            m.d.comb += [ch0.tready.eq(1), crc_b_valid.eq(ch0.tvalid)]
 
         # ---------------- epilogue wiring: buffers, state banks
         def rd(port, buf):  # an epilogue read port on a buffer (address widths differ: plain assignments)
@@ -482,9 +492,9 @@ class Accelerator(wiring.Component):
         # parse); a weight beat with tlast (TRUNCATED) belongs to the executing GEMV and is raised at once.
         hdr_beats = isa.layout_bytes(InstrHeader) // beat_bytes
         # The header check takes two cycles: F_CHECK registers the checks, F_CHECK2 acts on them (each a short
-        # path at the ECP5 clock).
-        chk_crc, chk_opcode, chk_microop, chk_shape, chk_truncated, chk_consts = (
-            Signal(name=f"chk_{n}") for n in ("crc", "opcode", "microop", "shape", "truncated", "consts"))
+        # path at the ECP5 clock) and on the header's CRC, final by then.
+        chk_opcode, chk_microop, chk_shape, chk_truncated, chk_consts = (
+            Signal(name=f"chk_{n}") for n in ("opcode", "microop", "shape", "truncated", "consts"))
         # Channel 0's weight beats (block_rows, block_sections), without a divider on the path: the rows and k
         # are taken from the header's first beat, their product (plus the rounding) is registered the next
         # cycle, and F_CHECK2 (at least two cycles after the first beat) divides by a constant.
@@ -529,7 +539,7 @@ class Accelerator(wiring.Component):
                     m.d.sync += f_fail(ErrorCause.NO_END)
                     m.next = "F_ERR"
                 with m.Else():
-                    m.d.comb += [ch0.tready.eq(1), crc_b.valid.eq(ch0.tvalid), crc_b.start.eq(f_cnt == 0)]
+                    m.d.comb += [ch0.tready.eq(1), crc_b_valid.eq(ch0.tvalid), crc_b_start.eq(f_cnt == 0)]
                     with m.If(ch0.tvalid):
                         m.d.sync += [f_cnt.eq(f_cnt + 1), f_last.eq(ch0.tlast),
                                      img.eq(Cat(img[self.bus_bits:], ch0.tdata))]
@@ -579,8 +589,7 @@ class Accelerator(wiring.Component):
                     | ((opc == Opcode.END_TOKEN.value) & (f_idx != n_instr_m1)))
                 srcv = ih.as_value()[64:68]
                 # the checks, registered; F_CHECK2 acts on them in the same order of precedence
-                m.d.sync += [chk_crc.eq(~crc_b.match_detected),
-                             chk_opcode.eq((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)),
+                m.d.sync += [chk_opcode.eq((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)),
                              chk_microop.eq(bad_op | (ih.n_consts > isa.MAX_CONSTS)
                                             | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
                                                & (srcv != Buffer.P.value))),
@@ -590,8 +599,9 @@ class Accelerator(wiring.Component):
                 m.next = "F_CHECK2"
             with fstate("F_CHECK2"):
                 m.d.sync += [cvec.eq(0), cbeat.eq(0), f_cnt.eq(0), f_block_beats.eq(block_beats)]
-                # in precedence order; TRUNCATED: the image ends with this header
-                failures = ((chk_crc, ErrorCause.INSTR_CRC), (chk_opcode, ErrorCause.UNKNOWN_OPCODE),
+                # in precedence order; TRUNCATED: the image ends with this header. The CRC has taken the
+                # header's last beat by now (it runs a cycle behind the stream)
+                failures = ((~crc_b.match_detected, ErrorCause.INSTR_CRC), (chk_opcode, ErrorCause.UNKNOWN_OPCODE),
                             (chk_microop, ErrorCause.BAD_MICROOP), (chk_shape, ErrorCause.BAD_SHAPE),
                             (chk_truncated, ErrorCause.TRUNCATED))
                 for i, (flag, cause) in enumerate(failures):
@@ -605,16 +615,18 @@ class Accelerator(wiring.Component):
             with fstate("F_CONSTS"):
                 # into the bank the executing instruction does not read; QC once its quantize pass is over
                 with m.If(~qc_busy):
-                    m.d.comb += [beat_to_consts.eq(1), crc_b.start.eq((cvec == 0) & (cbeat == 0))]
+                    m.d.comb += [beat_to_consts.eq(1), crc_b_start.eq((cvec == 0) & (cbeat == 0))]
                     with m.If(ch0.tvalid):
                         m.d.sync += cbeat.eq(cbeat + 1)
                         with m.If(cbeat == vec_beats - 1):
                             m.d.sync += [cbeat.eq(0), cvec.eq(cvec + 1)]
                             with m.If(cvec == const_vecs - 1):
-                                m.next = "F_CCHECK"
+                                m.next = "F_CWAIT"
                         with m.If(ch0.tlast):
                             m.d.sync += f_fail(ErrorCause.TRUNCATED)
                             m.next = "F_ERR"
+            with fstate("F_CWAIT"):
+                m.next = "F_CCHECK"       # the CRC takes the last constant beat (a cycle behind the stream)
             with fstate("F_CCHECK"):
                 with m.If(crc_b.crc != ih.const_crc):
                     m.d.sync += f_fail(ErrorCause.CONST_CRC)
@@ -664,7 +676,7 @@ class Accelerator(wiring.Component):
                 # token packet, word by word: magic, position, flags, length, payload, padding, CRC
                 m.d.comb += [mode_word.eq(1), more_words.eq(1), busy.eq(beat_full | ch0.tvalid)]
                 with m.If(beat_full):
-                    m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
+                    m.d.comb += [word_take.eq(1), crc_w_start.eq(cnt == 0)]
                     m.d.sync += cnt.eq(cnt + 1)
                     with m.Switch(cnt):
                         with m.Case(0):
@@ -686,7 +698,10 @@ class Accelerator(wiring.Component):
                         m.d.comb += [btok.wr.addr.eq(cnt - 4), btok.wr.data.eq(word), btok.wr.en.eq(1)]
                     with m.If((cnt > 3) & (cnt == tok_words - 1)):
                         m.d.sync += cnt.eq(0)
-                        m.next = "TOKEN_CRC"
+                        m.next = "TOKEN_WAIT"
+            with state("TOKEN_WAIT"):
+                m.d.comb += [mode_word.eq(1), busy.eq(1)]
+                m.next = "TOKEN_CRC"      # the CRC takes the packet's last word (a cycle behind the stream)
             with state("TOKEN_CRC"):
                 m.d.comb += [mode_word.eq(1), busy.eq(1)]
                 with m.If(~crc_w.match_detected):
@@ -698,14 +713,17 @@ class Accelerator(wiring.Component):
                 # never past the image header's last beat: the fetcher reads the program
                 m.d.comb += [mode_word.eq(1), more_words.eq(cnt != 15), busy.eq(1)]
                 with m.If(beat_full):
-                    m.d.comb += [word_take.eq(1), crc_w.start.eq(cnt == 0)]
+                    m.d.comb += [word_take.eq(1), crc_w_start.eq(cnt == 0)]
                     m.d.sync += [cnt.eq(cnt + 1), img.eq(Cat(img[32:], word))]
                     with m.If(word_last & (cnt != 15)):   # tlast inside the image header
                         m.d.sync += fail(ErrorCause.TRUNCATED)
                         m.next = "ERROR"
                     with m.Elif(cnt == 15):
                         m.d.sync += cnt.eq(0)
-                        m.next = "IMG_CHECK"
+                        m.next = "IMG_WAIT"
+            with state("IMG_WAIT"):
+                m.d.comb += busy.eq(1)
+                m.next = "IMG_CHECK"      # the CRC takes the header's last word (a cycle behind the stream)
             with state("IMG_CHECK"):
                 m.d.comb += busy.eq(1)
                 hv = data.View(isa.ImageHeader, img)

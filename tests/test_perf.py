@@ -131,9 +131,10 @@ def _as_built_formula(prog, b: BuildParams) -> list[int]:
         q = math.ceil(ins.k / 16) if InstrFlags.QCONST in ins.flags else 0
         cb = math.ceil(64 * (q + ins.n_consts * math.ceil(ins.n / 16)) / b.beat_bytes)     # 64-byte vectors
         if ins.opcode is Opcode.LOAD_TOKEN:
-            fetch = x + 1 + 16 * math.ceil((16 + 4 * ins.n + 4) / 64) + 1 + 16 + 1 + 1
+            # each CRC check: a cycle for the CRC to take the last word, then the check
+            fetch = x + 1 + 16 * math.ceil((16 + 4 * ins.n + 4) / 64) + 2 + 16 + 2 + 1
         c0 = max(fetch + hb + 2, qc_free)                   # the header check: two cycles
-        ready = c0 + cb + 1 if cb else fetch + hb + 2
+        ready = c0 + cb + 2 if cb else fetch + hb + 2
         d = max(x + 1, ready)                               # dispatch
         if ins.opcode is Opcode.END_TOKEN:
             done = d + (-(prog.vocab + 8)) % 16 + 8 + CRC_GAP_CYCLES

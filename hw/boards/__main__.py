@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="ECP5: codes re-quantized per cycle (default 8)")
     ap.add_argument("--baud", type=int, default=3_000_000, help="ECP5: UART rate (default 3000000)")
     ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
+    ap.add_argument("--router", choices=ecp5.ROUTERS, default="router1",
+                    help="ECP5: nextpnr router (default router1)")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
     ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         freqs = _floats(args.freq_mhz) if args.freq_mhz else [chosen.get("freq_mhz", 60.0)]
         if args.sweep:
             res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
+                                           "router": args.router,
                                            **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
                                           for n in lanes for f in freqs])
             print(json.dumps([{k: r.get(k) for k in ("lanes", "target_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")}
@@ -73,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(lanes) != 1 or len(freqs) != 1:
             ap.error("several --lanes/--freq-mhz values need --sweep")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
-        return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed, lanes=lanes[0],
-                          **extra)
+        return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
+                          router=args.router, lanes=lanes[0], **extra)
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
         params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}

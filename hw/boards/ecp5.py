@@ -248,15 +248,20 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
     return {"clocks": clocks, "utilisation": util}
 
 
-def build_tag(core: dict, freq_mhz: float, seed: int) -> str:
-    """The build folder name of a configuration: ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>`` (the quantize
-    lanes only where they differ from :data:`DEFAULT_PARAMS`)."""
+#: nextpnr's routers (``--router``): router1 is its default, router2 its newer one (bitstreams/README.md compares them)
+ROUTERS = ("router1", "router2")
+
+
+def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1") -> str:
+    """The build folder name of a configuration: ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>[_router2]`` (the
+    quantize lanes only where they differ from :data:`DEFAULT_PARAMS`, the router only when not router1)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
-    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}"
+    r = "" if router == "router1" else f"_{router}"
+    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}"
 
 
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
-          build_root: Path | None = None, write_bitstream_dir: bool = True,
+          router: str = "router1", build_root: Path | None = None, write_bitstream_dir: bool = True,
           **params) -> int:
     """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
 
@@ -272,6 +277,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         Serial rate (the board's FTDI limit at most).
     seed : int
         nextpnr placement seed.
+    router : str
+        nextpnr's router, one of :data:`ROUTERS`.
     build_root : Path, optional
         Tool working directory (default ``build/boards/<board>/<tag>``, ignored by git).
     write_bitstream_dir : bool
@@ -288,19 +295,22 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     Raises
     ------
     ValueError
-        On an unknown board, a target below 50 MHz, a baud rate above the board's bridge or bad parameters.
+        On an unknown board, a target below 50 MHz, a baud rate above the board's bridge, an unknown router or
+        bad parameters.
     """
     import importlib
 
     if board not in BOARDS:
         raise ValueError(f"unknown ECP5 board {board!r}; known: {sorted(BOARDS)}")
     info = BOARDS[board]
+    if router not in ROUTERS:
+        raise ValueError(f"unknown nextpnr router {router!r}; known: {', '.join(ROUTERS)}")
     if freq_mhz < 50:
         raise ValueError(f"target clock {freq_mhz} MHz is below the 50 MHz minimum")
     if baud > info.max_baud:
         raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
     core = {**DEFAULT_PARAMS, **params}
-    tag = build_tag(core, freq_mhz, seed)
+    tag = build_tag(core, freq_mhz, seed, router)
     q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
@@ -309,7 +319,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
     # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
     # build that met timing is copied to out_dir
-    opts = f"--report nextpnr_report.json --seed {seed} --timing-allow-fail"
+    opts = f"--report nextpnr_report.json --seed {seed} --router {router} --timing-allow-fail"
     t0 = time.time()
     print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
     plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts)
@@ -327,13 +337,15 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "uart_bridge": info.uart,
         "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
         "lanes": core["lanes"], "channels": core["channels"], "bus_bits": core["bus_bits"],
-        "packing": str(core["packing"]).lower(), "seed": seed, "build_seconds": round(seconds, 1),
+        "packing": str(core["packing"]).lower(), "seed": seed, "router": router,
+        "build_seconds": round(seconds, 1),
         "tools": {k: _tool_version(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")},
         "git_revision": _git_revision(), "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
             REPO_ROOT) else str(bdir),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
-                   + (f" --quant-lanes {core['quant_lanes']}" if q else ""),
+                   + (f" --quant-lanes {core['quant_lanes']}" if q else "") + f" --baud {baud}"
+                   + (f" --router {router}" if router != "router1" else ""),
     }
     if (bdir / "nextpnr_report.json").exists():
         report.update(_parse_nextpnr(bdir, "top"))
@@ -433,9 +445,10 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         cfg = dict(cfg)
         freq = cfg.pop("freq_mhz", 60.0)
         seed = cfg.pop("seed", 1)
-        rc = build(board, out_dir, freq_mhz=freq, seed=seed, write_bitstream_dir=False,
+        router = cfg.pop("router", "router1")
+        rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, write_bitstream_dir=False,
                    **cfg)
-        tag = build_tag({**DEFAULT_PARAMS, **cfg}, freq, seed)
+        tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)
