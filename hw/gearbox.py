@@ -54,7 +54,8 @@ from hw import isa
 from hw.isa import SECTION_BYTES, TRIT_2BIT_CODES, TritPacking
 from hw.streams import trit_chunk_layout
 
-__all__ = ["GearboxCmd", "beat_layout", "TritGearbox", "BUS_BITS", "MIN_LANES", "MAX_LANES", "INVALID_CODE"]
+__all__ = ["GearboxCmd", "beat_layout", "decoded_beat_bits", "decode_beat", "TritGearbox", "BUS_BITS", "MIN_LANES",
+           "MAX_LANES", "INVALID_CODE"]
 
 BUS_BITS = (32, 64, 128, 256, 512)  #: supported beat widths (64-byte sections are whole beats)
 MIN_LANES = 4
@@ -73,6 +74,28 @@ class GearboxCmd(data.Struct):
 def beat_layout(bus_bits: int) -> data.StructLayout:
     """Input beat: ``{data: unsigned(bus_bits)}``, byte ``b`` of the stream in bits ``8b+7 .. 8b``."""
     return data.StructLayout({"data": unsigned(bus_bits)})
+
+
+def decoded_beat_bits(packing: TritPacking, bus_bits: int) -> int:
+    """Bits of a decoded beat: 2 per trit, ``bus_bits / 8 * (4 or 5)`` trits (``BITS2`` or ``BASE3``)."""
+    return bus_bits // 8 * (4 if packing is TritPacking.BITS2 else 5) * 2
+
+
+def decode_beat(m: Module, beat, packing: TritPacking):
+    """The 2-bit codes of a beat's trits (:data:`hw.isa.TRIT_2BIT_CODES`, ``0b10`` for an invalid byte),
+    combinational: ``BITS2`` bytes are their codes already; ``BASE3`` bytes go through a 256 x 10-bit ROM in
+    LUTs, one asynchronous read port per byte (module docstring). Returns a value of
+    :func:`decoded_beat_bits` bits, trit ``t`` in bits ``2t+1 .. 2t``."""
+    if packing is TritPacking.BITS2:
+        return beat
+    rom = memory.Memory(shape=unsigned(10), depth=256, init=_base3_rom())
+    m.submodules.base3_rom = rom
+    words = []
+    for b in range(len(beat) // 8):
+        port = rom.read_port(domain="comb")
+        m.d.comb += port.addr.eq(beat.word_select(b, 8))
+        words.append(port.data)
+    return Cat(*words)
 
 
 def _base3_rom() -> list[int]:
@@ -105,12 +128,17 @@ class TritGearbox(wiring.Component):
         Beat width, one of :data:`BUS_BITS`.
     lanes : int
         Trits per chunk, ``MIN_LANES <= lanes <= MAX_LANES`` (any integer).
+    predecoded : bool
+        The beats arrive decoded (:func:`decode_beat` applied upstream, e.g. in front of a FIFO, so that the
+        FIFO's block-RAM read and the ``BASE3`` ROM do not share a cycle): ``i.payload.data`` then has
+        :func:`decoded_beat_bits` bits. Default False.
 
     Attributes
     ----------
     cmd : In(stream.Signature(GearboxCmd))
         One command per weight block, in stream order.
     i : In(stream.Signature(beat_layout(bus_bits)))
+        (``beat_layout(decoded_beat_bits(packing, bus_bits))`` when ``predecoded``.)
         The channel's beats; exactly ``host.image.channel_block_bytes(...) / (bus_bits / 8)`` beats are
         taken per command (a block of ``rows * K = 0`` trits takes none), never a beat of a block whose
         command has not been accepted.
@@ -132,7 +160,7 @@ class TritGearbox(wiring.Component):
         If ``bus_bits`` or ``lanes`` is out of range.
     """
 
-    def __init__(self, *, packing: TritPacking, bus_bits: int, lanes: int):
+    def __init__(self, *, packing: TritPacking, bus_bits: int, lanes: int, predecoded: bool = False):
         if not isinstance(packing, TritPacking):
             raise TypeError(f"packing must be a hw.isa.TritPacking, not {packing!r}")
         bus_bits = _check_int("bus_bits", bus_bits)
@@ -144,12 +172,13 @@ class TritGearbox(wiring.Component):
         self._packing = packing
         self._bus_bits = bus_bits
         self._lanes = lanes
+        self._predecoded = bool(predecoded)
         per_byte = 4 if packing is TritPacking.BITS2 else 5
         self._beat_trits = bus_bits // 8 * per_byte
         self._chunk_beats = -(-(self._beat_trits - 1 + lanes) // self._beat_trits)
         super().__init__({
             "cmd": In(stream.Signature(GearboxCmd)),
-            "i": In(stream.Signature(beat_layout(bus_bits))),
+            "i": In(stream.Signature(beat_layout(decoded_beat_bits(packing, bus_bits) if predecoded else bus_bits))),
             "o": Out(stream.Signature(trit_chunk_layout(lanes))),
             "bad_trit": Out(1),
             "clear": In(1),
@@ -158,6 +187,10 @@ class TritGearbox(wiring.Component):
     @property
     def packing(self) -> TritPacking:
         return self._packing
+
+    @property
+    def predecoded(self) -> bool:
+        return self._predecoded
 
     @property
     def bus_bits(self) -> int:
@@ -184,22 +217,12 @@ class TritGearbox(wiring.Component):
         M = self._chunk_beats            # beats one chunk may touch (and drop)
         NB = M + 1                        # window slots
         S = SECTION_BYTES * 8 // self._bus_bits  # beats per 64-byte section
-        beat_bytes = self._bus_bits // 8
         code_beat = data.ArrayLayout(unsigned(2), W)
 
         # ------------------------------------------------------------------------------ decode
         decoded = Signal(code_beat)
         beat = self.i.payload.data
-        if self._packing is TritPacking.BITS2:
-            m.d.comb += decoded.eq(beat)
-        else:
-            m.submodules.base3_rom = rom = memory.Memory(shape=unsigned(10), depth=256, init=_base3_rom())
-            words = []
-            for b in range(beat_bytes):
-                port = rom.read_port(domain="comb")
-                m.d.comb += port.addr.eq(beat.word_select(b, 8))
-                words.append(port.data)
-            m.d.comb += decoded.eq(Cat(*words))
+        m.d.comb += decoded.eq(beat if self._predecoded else decode_beat(m, beat, self._packing))
 
         # ------------------------------------------------------------------- command prefetch
         # The block's trit count rows * K (< 2**32) is registered with the command: one 16 x 16 multiply.

@@ -26,7 +26,7 @@ from amaranth.utils import ceil_log2
 from hw import isa
 from hw import numerics as nx
 from hw.epilogue import Epilogue
-from hw.gearbox import TritGearbox
+from hw.gearbox import TritGearbox, decode_beat, decoded_beat_bits
 from hw.gemv import TernaryGemv
 from hw.isa import Buffer, Counter, ErrorCause, InstrHeader, MicroOp, MicroOpcode, Opcode, TritPacking
 from hw.quant import Quantizer
@@ -158,7 +158,8 @@ class Accelerator(wiring.Component):
         m.submodules.epilogue = reset(epi)
         gear, gemv, codes = [], [], []
         for c in range(C):
-            g = TritGearbox(packing=self.packing, bus_bits=self.bus_bits, lanes=lpc)
+            # gearbox 0 reads the weight FIFO, which holds decoded beats (below)
+            g = TritGearbox(packing=self.packing, bus_bits=self.bus_bits, lanes=lpc, predecoded=c == 0)
             e = TernaryGemv(lanes=lpc, max_k=max(self.max_k, lpc))
             cm = memory.Memory(shape=code_word_layout(lpc), depth=e.code_depth, init=[])
             m.submodules[f"gearbox{c}"] = reset(g)
@@ -229,12 +230,18 @@ class Accelerator(wiring.Component):
         with m.If(draining):
             m.d.comb += ch0.tready.eq(1)
             m.d.sync += [beat_full.eq(0), widx.eq(0)]
-        # channel 0's weight beats go through a FIFO into gearbox 0 (the stream runs ahead of the lanes)
-        wfifo = fifo.SyncFIFOBuffered(width=self.bus_bits, depth=self.weight_fifo_beats)
+        # channel 0's weight beats go through a FIFO into gearbox 0 (the stream runs ahead of the lanes). They are
+        # decoded into 2-bit codes on the way in, so that the FIFO's block-RAM read (no output register) and the
+        # BASE3 decode ROM do not share a cycle (ECP5 timing; 25 % wider FIFO words for BASE3)
+        wfifo = fifo.SyncFIFOBuffered(width=decoded_beat_bits(self.packing, self.bus_bits),
+                                      depth=self.weight_fifo_beats)
         m.submodules.wfifo = reset(wfifo)
+        dec = Module()
+        m.submodules.wdecode = dec
         gear0_on = Signal()           # the executing GEMV's gearbox 0 takes beats from the FIFO
         m.d.comb += [gear[0].i.payload.data.eq(wfifo.r_data), gear[0].i.valid.eq(wfifo.r_rdy & gear0_on),
-                     wfifo.r_en.eq(gear[0].i.ready & gear0_on), wfifo.w_data.eq(ch0.tdata)]
+                     wfifo.r_en.eq(gear[0].i.ready & gear0_on),
+                     wfifo.w_data.eq(decode_beat(dec, ch0.tdata, self.packing))]
         beat_to_fifo = Signal()       # the fetcher pushes the executing GEMV's channel-0 block into the FIFO
         with m.If(beat_to_fifo):
             m.d.comb += [ch0.tready.eq(wfifo.w_rdy), wfifo.w_en.eq(ch0.tvalid)]

@@ -321,6 +321,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     # build that met timing is copied to out_dir
     opts = f"--report nextpnr_report.json --seed {seed} --router {router} --timing-allow-fail"
     t0 = time.time()
+    revision = _git_revision()    # of the sources elaborated now (the tools then run for up to hours)
     print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
     plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts)
     env = _tool_env()
@@ -340,7 +341,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "packing": str(core["packing"]).lower(), "seed": seed, "router": router,
         "build_seconds": round(seconds, 1),
         "tools": {k: _tool_version(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")},
-        "git_revision": _git_revision(), "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
+        "git_revision": revision, "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
             REPO_ROOT) else str(bdir),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"

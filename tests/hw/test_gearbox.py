@@ -18,7 +18,7 @@ from amaranth.sim import Simulator
 
 from host.image import channel_block_bytes
 from hw import isa
-from hw.gearbox import TritGearbox
+from hw.gearbox import TritGearbox, _base3_rom
 from hw.isa import TritPacking
 from hw.streams import trit_chunk_layout
 
@@ -64,6 +64,15 @@ def beats_of(stream: bytes, bus_bits: int) -> list[int]:
     return [int.from_bytes(stream[i:i + nb], "little") for i in range(0, len(stream), nb)]
 
 
+def predecode(beat: int, packing: TritPacking, bus_bits: int) -> int:
+    """A beat as a ``predecoded`` gearbox takes it: BITS2 unchanged, BASE3 bytes through the decode table (10
+    bits each, written out here from hw.isa.BASE3_DECODE independently of the gateware's ROM)."""
+    if packing is BITS2:
+        return beat
+    rom = _base3_rom()
+    return sum(rom[(beat >> (8 * b)) & 0xFF] << (10 * b) for b in range(bus_bits // 8))
+
+
 SENTINEL_BYTE = 0xA5  # beats offered after the last block: must never be taken
 
 
@@ -73,6 +82,8 @@ def run(dut: TritGearbox, cmds, stream: bytes, n_chunks: int, *, seed=0, cmd_idl
     bad_trit trace, beats taken). Checks the stream rules on ``o`` and that no extra beat is taken."""
     rng = np.random.default_rng(seed)
     beats = beats_of(stream, dut.bus_bits)
+    if dut.predecoded:
+        beats = [predecode(b, dut.packing, dut.bus_bits) for b in beats]
     layout = trit_chunk_layout(dut.lanes)
     st = {"taken": 0, "extra": 0, "cycle": 0}
     max_cycles = 200 + cmd_delay + 10 * (len(beats) + n_chunks + len(cmds))  # generous even at 30 % idles
@@ -93,6 +104,8 @@ def run(dut: TritGearbox, cmds, stream: bytes, n_chunks: int, *, seed=0, cmd_idl
 
     async def beat_source(ctx):
         sentinel = int.from_bytes(bytes([SENTINEL_BYTE]) * (dut.bus_bits // 8), "little")
+        if dut.predecoded:
+            sentinel = predecode(sentinel, dut.packing, dut.bus_bits)
         while True:
             idx = st["taken"]
             valid = idx >= len(beats) or rng.random() >= in_idle
@@ -163,8 +176,8 @@ CASES = [
 
 @pytest.mark.parametrize("stress", [False, True], ids=["full-rate", "idles+backpressure"])
 @pytest.mark.parametrize(("packing", "bus_bits", "lanes"), CASES, ids=lambda v: getattr(v, "name", v))
-def test_random_blocks_back_to_back(packing, bus_bits, lanes, stress):
-    dut = TritGearbox(packing=packing, bus_bits=bus_bits, lanes=lanes)
+def test_random_blocks_back_to_back(packing, bus_bits, lanes, stress, predecoded=False):
+    dut = TritGearbox(packing=packing, bus_bits=bus_bits, lanes=lanes, predecoded=predecoded)
     per_byte = 5 if packing is BASE3 else 4
     rng = np.random.default_rng(bus_bits * 1000 + lanes)
     cmds = shapes(lanes, dut.beat_trits, per_byte)
@@ -182,6 +195,14 @@ def test_random_blocks_back_to_back(packing, bus_bits, lanes, stress):
         assert g == e, f"chunk {n}: got {g}, expected {e}"
     assert len(got) == len(expect)
     assert not any(bads)
+
+
+@pytest.mark.parametrize(("packing", "bus_bits", "lanes"), [(BASE3, 64, 16), (BITS2, 64, 64), (BASE3, 256, 256)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_predecoded_beats(packing, bus_bits, lanes):
+    """``predecoded=True`` (hw/top.py's channel 0: the weight FIFO holds decoded beats): the same chunks from
+    beats decoded upstream, under idles and backpressure."""
+    test_random_blocks_back_to_back(packing, bus_bits, lanes, True, predecoded=True)
 
 
 def test_two_commands_back_to_back_at_full_rate():
