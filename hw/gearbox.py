@@ -344,7 +344,6 @@ class TritGearbox(wiring.Component):
             good = code != INVALID_CODE
             m.d.comb += chunk.trits[j].eq(Mux(in_row & good, code, 0))
             bad_lanes.append(in_row & ~good)
-        chunk_bad = Cat(*bad_lanes).any()
         m.d.comb += [chunk.count.eq(cnt), chunk.first.eq(first), chunk.last.eq(last), chunk.end.eq(end)]
 
         with m.If(take):
@@ -352,12 +351,17 @@ class TritGearbox(wiring.Component):
         with m.Elif(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
 
-        bad = Signal()
-        m.d.comb += self.bad_trit.eq(bad)
-        with m.If(take & chunk_bad):
-            m.d.sync += bad.eq(1)
-        with m.Elif(self.clear):
-            m.d.sync += bad.eq(0)
+        # bad_trit = bad | hit: the lanes' invalid flags are registered with the chunk and OR-ed in the cycle it
+        # is first valid (the shifter and the OR tree would otherwise share a cycle); the same behaviour as
+        # setting a sticky bit in the loading cycle, with setting winning over clear
+        bad, loaded = Signal(), Signal()
+        bad_q = Signal(L)
+        m.d.sync += loaded.eq(take)
+        with m.If(take):
+            m.d.sync += bad_q.eq(Cat(*bad_lanes))
+        hit = loaded & bad_q.any()
+        m.d.comb += self.bad_trit.eq(bad | hit)
+        m.d.sync += bad.eq((bad | hit) & ~self.clear)
 
         # row / block progress
         col_rest = Signal(16)            # trits of the row after this (non-last) chunk

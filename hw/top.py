@@ -512,6 +512,7 @@ class Accelerator(wiring.Component):
         block_beats = Signal(24)
         m.d.comb += block_beats.eq(block_sections(sz_blk, per) * (64 // beat_bytes))
         f_idx = Signal(32)            # index of the instruction being fetched
+        f_at_end = Signal()           # f_idx == n_instr, registered with f_idx (off the fetcher's state path)
         f_cnt = Signal(24)            # header or weight beats of the current section
         f_last = Signal()             # the header's last beat carried tlast
         f_err = Signal()              # an error found by the fetcher ...
@@ -538,11 +539,12 @@ class Accelerator(wiring.Component):
 
         with m.FSM(init="F_IDLE", name="fetch"):
             with fstate("F_IDLE"):
-                with m.If(f_start):
-                    m.d.sync += [f_idx.eq(0), f_cnt.eq(0)]
+                with m.If(f_start):   # in the sequencer's IMG_CHECK: img holds the image header, n_instr loads
+                    n0 = data.View(isa.ImageHeader, img).n_instructions
+                    m.d.sync += [f_idx.eq(0), f_cnt.eq(0), f_at_end.eq(n0 == 0)]
                     m.next = "F_HDR"
             with fstate("F_HDR"):
-                with m.If(f_idx == n_instr):
+                with m.If(f_at_end):
                     m.d.sync += f_fail(ErrorCause.NO_END)
                     m.next = "F_ERR"
                 with m.Else():
@@ -643,7 +645,7 @@ class Accelerator(wiring.Component):
             with fstate("F_READY"):
                 m.d.comb += f_ready.eq(1)
                 with m.If(dispatch):
-                    m.d.sync += [f_idx.eq(f_idx + 1), f_cnt.eq(0)]
+                    m.d.sync += [f_idx.eq(f_idx + 1), f_cnt.eq(0), f_at_end.eq(f_idx + 1 == n_instr)]
                     with m.If(ih.as_value()[0:8] == Opcode.GEMV.value):
                         m.next = "F_WEIGHTS"
                     with m.Elif(ih.as_value()[0:8] == Opcode.END_TOKEN.value):
