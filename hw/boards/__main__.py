@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lanes", default=None, help="ECP5: trits per cycle (comma list with --sweep)")
     ap.add_argument("--freq-mhz", default=None, help="ECP5: target core clock in MHz (comma list with --sweep)")
     ap.add_argument("--quant-lanes", type=int, default=None,
-                    help="ECP5: codes re-quantized per cycle (default 8)")
-    ap.add_argument("--baud", type=int, default=3_000_000, help="ECP5: UART rate (default 3000000)")
+                    help="ECP5: codes re-quantized per cycle (default: the board's chosen build, else 8)")
+    ap.add_argument("--baud", type=int, default=None,
+                    help="ECP5: UART rate (default: the board's chosen build, else 3000000)")
     ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
-    ap.add_argument("--router", choices=ecp5.ROUTERS, default="router1",
-                    help="ECP5: nextpnr router (default router1)")
+    ap.add_argument("--router", choices=ecp5.ROUTERS, default=None,
+                    help="ECP5: nextpnr router (default: the board's chosen build, else router1)")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
     ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         chosen = ecp5.CHOSEN.get(args.board, {})
         lanes = _ints(args.lanes) if args.lanes else [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]
         freqs = _floats(args.freq_mhz) if args.freq_mhz else [chosen.get("freq_mhz", 60.0)]
+        args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
+        args.baud = args.baud or chosen.get("baud", 3_000_000)
+        args.router = args.router or chosen.get("router", "router1")
         if args.sweep:
             res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
                                            "router": args.router,

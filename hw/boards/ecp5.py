@@ -459,10 +459,11 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
     return results
 
 
-#: The configuration each board builds by default. Not yet a sweep's choice: lanes 32 at 60 MHz is the
-#: configuration whose place and route was started on the development machine (bitstreams/README.md,
-#: "Status"); replace it with ``sweep.json``'s ``chosen`` once the sweep has run.
+#: The configuration each board builds by default (``make bitstream BOARD=...``): 16 lanes, 4 quantize lanes,
+#: a 50 MHz core clock and the link at 2 Mbaud (50 MHz / 25), routed with router2: the configuration placed
+#: and routed on the development machine (bitstreams/README.md, "Status", with each board's ``sweep.json``).
+#: Not a sweep's choice yet: no other lane count has been placed since the core was pipelined.
 CHOSEN: dict[str, dict] = {
-    "ulx3s-85f": {"lanes": 32, "freq_mhz": 60.0},
-    "ecpix5-85f": {"lanes": 32, "freq_mhz": 60.0},
+    board: {"lanes": 16, "quant_lanes": 4, "freq_mhz": 50.0, "baud": 2_000_000, "router": "router2"}
+    for board in ("ulx3s-85f", "ecpix5-85f")
 }
