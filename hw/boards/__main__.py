@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
     ap.add_argument("--router", choices=ecp5.ROUTERS, default=None,
                     help="ECP5: nextpnr router (default: the board's chosen build, else router1)")
+    ap.add_argument("--placer-density", type=float, default=None,
+                    help="ECP5: nextpnr's maximum placement density (--placer-heap-beta; its default 0.9)")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
     ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         args.router = args.router or chosen.get("router", "router1")
         if args.sweep:
             res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
-                                           "router": args.router,
+                                           "router": args.router, "density": args.placer_density,
                                            **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
                                           for n in lanes for f in freqs])
             print(json.dumps([{k: r.get(k) for k in ("lanes", "target_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")}
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("several --lanes/--freq-mhz values need --sweep")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
         return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
-                          router=args.router, lanes=lanes[0], **extra)
+                          router=args.router, density=args.placer_density, lanes=lanes[0], **extra)
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
         params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}

@@ -252,16 +252,19 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
 ROUTERS = ("router1", "router2")
 
 
-def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1") -> str:
-    """The build folder name of a configuration: ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>[_router2]`` (the
-    quantize lanes only where they differ from :data:`DEFAULT_PARAMS`, the router only when not router1)."""
+def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None) -> str:
+    """The build folder name of a configuration: ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>[_router2][_d<density>]``
+    (the quantize lanes only where they differ from :data:`DEFAULT_PARAMS`, the router only when not router1,
+    the placement density only when set)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
     r = "" if router == "router1" else f"_{router}"
-    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}"
+    d = "" if density is None else f"_d{density:g}"
+    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}{d}"
 
 
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
-          router: str = "router1", build_root: Path | None = None, write_bitstream_dir: bool = True,
+          router: str = "router1", density: float | None = None, build_root: Path | None = None,
+          write_bitstream_dir: bool = True,
           **params) -> int:
     """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
 
@@ -279,6 +282,9 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         nextpnr placement seed.
     router : str
         nextpnr's router, one of :data:`ROUTERS`.
+    density : float, optional
+        nextpnr's maximum placement density (``--placer-heap-beta``, its default 0.9): lower spreads the
+        cells, leaving the router more room.
     build_root : Path, optional
         Tool working directory (default ``build/boards/<board>/<tag>``, ignored by git).
     write_bitstream_dir : bool
@@ -303,6 +309,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     if board not in BOARDS:
         raise ValueError(f"unknown ECP5 board {board!r}; known: {sorted(BOARDS)}")
     info = BOARDS[board]
+    if density is not None and not 0.3 <= density <= 1.0:
+        raise ValueError(f"placement density {density} is outside 0.3..1.0")
     if router not in ROUTERS:
         raise ValueError(f"unknown nextpnr router {router!r}; known: {', '.join(ROUTERS)}")
     if freq_mhz < 50:
@@ -310,7 +318,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     if baud > info.max_baud:
         raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
     core = {**DEFAULT_PARAMS, **params}
-    tag = build_tag(core, freq_mhz, seed, router)
+    tag = build_tag(core, freq_mhz, seed, router, density)
     q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
@@ -319,7 +327,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
     # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
     # build that met timing is copied to out_dir
-    opts = f"--report nextpnr_report.json --seed {seed} --router {router} --timing-allow-fail"
+    opts = f"--report nextpnr_report.json --seed {seed} --router {router} --timing-allow-fail" + (
+        f" --placer-heap-beta {density:g}" if density is not None else "")
     t0 = time.time()
     revision = _git_revision()    # of the sources elaborated now (the tools then run for up to hours)
     print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
@@ -338,7 +347,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "uart_bridge": info.uart,
         "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
         "lanes": core["lanes"], "channels": core["channels"], "bus_bits": core["bus_bits"],
-        "packing": str(core["packing"]).lower(), "seed": seed, "router": router,
+        "packing": str(core["packing"]).lower(), "seed": seed, "router": router, "placement_density": density,
         "build_seconds": round(seconds, 1),
         "tools": {k: _tool_version(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")},
         "git_revision": revision, "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
@@ -346,7 +355,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
                    + (f" --quant-lanes {core['quant_lanes']}" if q else "") + f" --baud {baud}"
-                   + (f" --router {router}" if router != "router1" else ""),
+                   + (f" --router {router}" if router != "router1" else "")
+                   + (f" --placer-density {density:g}" if density is not None else ""),
     }
     if (bdir / "nextpnr_report.json").exists():
         report.update(_parse_nextpnr(bdir, "top"))
@@ -447,9 +457,11 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         freq = cfg.pop("freq_mhz", 60.0)
         seed = cfg.pop("seed", 1)
         router = cfg.pop("router", "router1")
-        rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, write_bitstream_dir=False,
-                   **cfg)
-        tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router)
+        density = cfg.pop("density", None)
+        rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, density=density,
+                   write_bitstream_dir=False, **cfg)
+        tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router,
+                        density)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)
