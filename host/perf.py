@@ -91,8 +91,8 @@ __all__ = [
 SCALAR_CYCLES = 62
 RECIP_CYCLES = 33      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 7
 QUANT_LATENCY = 6      #: quantize prologue pipeline (hw/quant.py)
-#: Epilogue pipeline, element in to element out: entry (5) + 10 stages per micro-op slot (hw/epilogue.py)
-EPILOGUE_LATENCY = 5 + 10 * isa.MAX_OPS
+#: Epilogue pipeline, element in to element out: entry (6) + 10 stages per micro-op slot (hw/epilogue.py)
+EPILOGUE_LATENCY = 6 + 10 * isa.MAX_OPS
 #: GEMV engine after the adder tree's ceil(log2(lanes_per_channel)) levels: code read, lane terms,
 #: accumulator, output FIFO (hw/gemv.py ``latency = tree_levels + 5``)
 GEMV_LATENCY = 5

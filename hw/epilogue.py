@@ -45,8 +45,9 @@ READ_BUFFERS = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_OLD, Buffer.STATE_NEW
 #: Buffers with a write port (``wr_<name>``), in port order (the ST targets).
 WRITE_BUFFERS = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW)
 
-#: input register, dequant product (+ buffer data), dequant shift, dequant rounding and sat32, register file
-ENTRY_LATENCY = 5
+#: input register, dequant product (+ buffer data), dequant shift in two steps (multiples of 8, then 0-7),
+#: dequant rounding and sat32, register file
+ENTRY_LATENCY = 6
 #: operands and adder ALU; clamp and LUT address; LUT data; product A (partial products, sum); shift; rounding,
 #: sat32 or sigmoid sum; product B (partial products, sum); result and reductions
 STAGE_LATENCY = 10
@@ -212,7 +213,8 @@ class Epilogue(wiring.Component):
     Notes
     -----
     Structure: entry (input register; ``value * s_mant`` with the buffer reads in flight; the shift of
-    :func:`hw.numerics.dequant` and its rounding bit; the rounding increment and ``sat32``; the register
+    :func:`hw.numerics.dequant` in two cycles (by the multiple of 8, with ``sat32`` of the product for a left
+    shift; then by the rest) and its rounding bit; the rounding increment and ``sat32``; the register
     file), then one submodule per micro-op stage of :data:`STAGE_LATENCY` cycles: (c0) operand and
     buffer-operand select, SIGNEG's negation, the adder ALU's exact sum (ADD, SUB, ADDV, RSUB1; LD); (c1) the
     sigmoid input clamp and LUT address, ``sat32`` of the sum; (c2) LUT data ``{t0, d = t1 - t0}``, operands of
@@ -227,7 +229,7 @@ class Epilogue(wiring.Component):
     micro-ops may reduce into one register. Delay memories (128 words of 32 bits): one per stage 1..7 for its
     buffer operand, one per write port, one for OUT and one for ARGMAX.
 
-    Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 85 cycles from an element's
+    Latency :attr:`latency` = ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY`` = 86 cycles from an element's
     input transfer to the exit cycle where its writes and logit are presented; throughput one element
     per cycle; a logits stall freezes the whole pipeline (one global enable, which also drives the read
     ports' ``en``). ``done`` follows the last element's exit by one to two cycles (up to four when the
@@ -371,37 +373,44 @@ class Epilogue(wiring.Component):
             m.d.sync += v1.eq(v0)
             m.d.sync += _load(v0, [(e1, e0), (p1, e0.value[:self._acc_bits].as_signed() * cfg.s_mant)])
 
-        # E2: dequantization shift, ``p1 >> s_shift`` and the rounding bit below it (or the saturated left shift);
+        # E2a: the right shift of ``p1 >> s_shift`` by its multiple of 8, and sat32 of ``p1`` for a left shift;
         # each stage's buffer operand selected from the read ports: stage 0's into a register, the others' into
         # their delay memories (read as the element enters the stage)
-        e2, v2 = Signal(in_lay, reset_less=True), Signal()
-        q2 = Signal(signed(64), reset_less=True)
-        inc2 = Signal(reset_less=True)
-        q_next, inc_next = Signal(signed(64)), Signal()
-        t1 = Signal(signed(len(p1)))
-        m.d.comb += t1.eq(p1 >> dq_rshm1)
-        with m.If(dq_zero):
-            m.d.comb += q_next.eq(0)
-        with m.Elif(dq_neg):
-            p1s = Signal(INT32)
-            # dq_lsh <= 32: no 95-bit shifter
-            m.d.comb += [p1s.eq(_sat32(p1)),
-                         q_next.eq(Mux(dq_lsh[5], Cat(Const(0, 32), p1s).as_signed(), p1s << dq_lsh[:5]))]
-        with m.Elif(dq_rsh0):
-            m.d.comb += q_next.eq(p1)
-        with m.Else():
-            # (p1 + 2**(sh - 1)) >> sh = (p1 >> sh) + bit sh - 1 of p1
-            m.d.comb += [q_next.eq(t1[1:].as_signed()), inc_next.eq(t1[0])]
         rd_sel = [Signal(INT32, name=f"rd_sel{s}") for s in range(MAX_OPS)]
         for s in range(MAX_OPS):
             with m.Switch(dcs[s]["buf"]):
                 for j, b in enumerate(READ_BUFFERS):
                     with m.Case(b):
                         m.d.comb += rd_sel[s].eq(rd_ports[j].data)
+        e2a, v2a = Signal(in_lay, reset_less=True), Signal()
+        p2a = Signal(signed(len(p1)), reset_less=True)     # p1 >> (dq_rshm1 & ~7)
+        p1s = Signal(INT32, reset_less=True)                # sat32(p1); dq_lsh <= 32: no 95-bit shifter
+        rd2a = Signal(INT32, reset_less=True)
+        with m.If(adv):
+            m.d.sync += v2a.eq(v1)
+            m.d.sync += _load(v1, [(e2a, e1), (p2a, p1 >> Cat(Const(0, 3), dq_rshm1[3:])), (p1s, _sat32(p1)),
+                                   (rd2a, rd_sel[0])])
+
+        # E2b: the rest of the right shift (0-7) and the rounding bit below it, or the saturated left shift
+        e2, v2 = Signal(in_lay, reset_less=True), Signal()
+        q2 = Signal(signed(64), reset_less=True)
+        inc2 = Signal(reset_less=True)
+        q_next, inc_next = Signal(signed(64)), Signal()
+        t1 = Signal(signed(len(p1)))
+        m.d.comb += t1.eq(p2a >> dq_rshm1[:3])             # p1 >> dq_rshm1
+        with m.If(dq_zero):
+            m.d.comb += q_next.eq(0)
+        with m.Elif(dq_neg):
+            m.d.comb += q_next.eq(Mux(dq_lsh[5], Cat(Const(0, 32), p1s).as_signed(), p1s << dq_lsh[:5]))
+        with m.Elif(dq_rsh0):
+            m.d.comb += q_next.eq(p2a)                      # dq_rshm1 = 0 here: p2a = p1
+        with m.Else():
+            # (p1 + 2**(sh - 1)) >> sh = (p1 >> sh) + bit sh - 1 of p1
+            m.d.comb += [q_next.eq(t1[1:].as_signed()), inc_next.eq(t1[0])]
         rd2 = Signal(INT32, reset_less=True)
         with m.If(adv):
-            m.d.sync += v2.eq(v1)
-            m.d.sync += _load(v1, [(e2, e1), (q2, q_next), (inc2, inc_next), (rd2, rd_sel[0])])
+            m.d.sync += v2.eq(v2a)
+            m.d.sync += _load(v2a, [(e2, e2a), (q2, q_next), (inc2, inc_next), (rd2, rd2a)])
 
         # E3: the rounding increment and sat32
         e3, v3 = Signal(in_lay, reset_less=True), Signal()
@@ -419,7 +428,7 @@ class Epilogue(wiring.Component):
             m.d.sync += _load(v3, [(e_in.index, e3.index), (e_in.last, e3.last), (e_in.r[0], r0_3),
                                    (e_in.r[1], e3.value), (e_in.r[2], 0), (e_in.r[3], 0), (val0, rd3)])
         # stage s's operand, selected at E2, arrives STAGE_LATENCY * s advances after stage 0's
-        vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 2 + STAGE_LATENCY * s, rd_sel[s])
+        vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 3 + STAGE_LATENCY * s, rd_sel[s])
                          for s in range(1, MAX_OPS)]
 
         # -------------------------------------------------------------------------------- stages

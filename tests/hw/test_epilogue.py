@@ -168,7 +168,7 @@ def op_cases(rng, seg):
 
     # dequantization: r0 = dequant(acc, s_mant, s_shift), r1 = acc, r2 = r3 = 0
     amax = 1 << (ACC_BITS - 1)
-    for sh in (-128, -40, -32, -3, -1, 0, 1, 24, 47, 62, 63, 127):
+    for sh in (-128, -40, -32, -3, -1, 0, 1, 9, 17, 24, 47, 62, 63, 127):   # 9, 17: (sh - 1) % 8 == 0
         acc = rng.integers(-amax, amax, N)
         acc[:4] = (-amax, amax - 1, 0, -1)
         acc[4:10] = np.sign(acc[4:10]) * (np.abs(acc[4:10]) >> rng.integers(0, 20, 6))
@@ -408,7 +408,7 @@ def test_compiled_programs(output_gate, idle, backpressure):
 
 def test_parameters():
     dut = Epilogue()
-    assert dut.latency == 85 and dut.multipliers == 17
+    assert dut.latency == 86 and dut.multipliers == 17
     assert dut.lut_rom == (MAX_OPS // 2, 1 << nx.LUT_SEGMENTS_LOG2, 30 + 23)
     assert dut.read_port_name(Buffer.STATE_OLD) == "rd_state_old"
     for kw, exc in (({"lut_segments_log2": 5}, ValueError), ({"lut_segments_log2": 15}, ValueError),
