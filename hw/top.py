@@ -435,7 +435,11 @@ class Accelerator(wiring.Component):
             m.d.comb += getattr(regs, f"counter_{c.name.lower()}").eq(ctr[c])
         m.d.sync += ctr[Counter.CYCLES].eq(ctr[Counter.CYCLES] + busy)
         m.d.sync += ctr[Counter.STREAM_BEATS].eq(ctr[Counter.STREAM_BEATS] + sum(beat_taken))
-        m.d.sync += ctr[Counter.OUT_STALLS].eq(ctr[Counter.OUT_STALLS] + (out_valid & ~out.tready))
+        # an output stall counts a cycle later (the trailer mux and the 64-bit add would share a cycle); an
+        # instruction's last stall is at least two cycles before its end, so per-instruction counts are unchanged
+        out_stall = Signal()
+        m.d.sync += [out_stall.eq(out_valid & ~out.tready),
+                     ctr[Counter.OUT_STALLS].eq(ctr[Counter.OUT_STALLS] + out_stall)]
         chunk_trits = [Signal(range(lpc + 1), name=f"chunk_trits{c}") for c in range(C)]
         chunk_nz = [Signal(range(lpc + 1), name=f"chunk_nz{c}") for c in range(C)]
         for c, g in enumerate(gear):
