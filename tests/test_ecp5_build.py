@@ -56,9 +56,27 @@ def test_nextpnr_report_parser(tmp_path):
                         "DCCA": {"used": 0, "available": 56}}}))
     (tmp_path / "top.tim").write_text("Info: Max frequency for clock '$glbnet$clk': 63.21 MHz (PASS at 60.00 MHz)\n")
     r = ecp5._parse_nextpnr(tmp_path, "top")
-    assert r["clocks"]["$glbnet$clk"] == {"achieved_mhz": 63.21, "target_mhz": 60.0, "log_verdict": "PASS"}
+    assert r["clocks"]["$glbnet$clk"] == {"achieved_mhz": 63.21, "target_mhz": 60.0, "log_verdict": "PASS",
+                                          "placed_mhz": 63.21}
     assert r["utilisation"]["DP16KD"] == {"used": 100, "available": 208, "percent": 48.1}
     assert "DCCA" not in r["utilisation"]
+
+
+def test_nextpnr_log_gives_the_placement_estimate_and_the_routed_figure(tmp_path):
+    (tmp_path / "nextpnr_report.json").write_text(json.dumps({"fmax": {}, "utilization": {}}))
+    (tmp_path / "top.tim").write_text(
+        "Info: Max frequency for clock '$glbnet$clk': 51.35 MHz (PASS at 50.00 MHz)\n"
+        "Info: Routing..\n"
+        "Info: Max frequency for clock '$glbnet$clk': 48.10 MHz (FAIL at 50.00 MHz)\n")
+    clk = ecp5._parse_nextpnr(tmp_path, "top")["clocks"]["$glbnet$clk"]
+    assert clk == {"achieved_mhz": 48.1, "target_mhz": 50.0, "log_verdict": "FAIL", "placed_mhz": 51.35}
+
+
+def test_place_only_builds_have_their_own_folder():
+    core = {**ecp5.DEFAULT_PARAMS, "lanes": 32, "quant_lanes": 4}
+    assert ecp5.build_tag(core, 50.0, 1) == "l32_q4_f50_s1"
+    assert ecp5.build_tag(core, 50.0, 1, place_only=True) == "l32_q4_f50_s1_placed"
+    assert ecp5.build_tag(core, 50.0, 2, "router2", 0.6) == "l32_q4_f50_s2_router2_d0.6"
 
 
 def test_dispatcher_rejects_unknown_boards(capsys):
@@ -94,7 +112,11 @@ def test_publish_copies_only_closed_timing(tmp_path):
     assert not (out / "ulx3s-85f.bit").exists()
     with pytest.raises(ValueError, match="not 'ecpix5-85f'"):
         ecp5.publish("ecpix5-85f", bdir, out)
-    rep.update(timing_met=True, fmax_mhz=61.5)
+    rep.update(status="placed", placed_fmax_mhz=61.5)      # a placement estimate is never published
+    (bdir / "report.json").write_text(json.dumps(rep))
+    with pytest.raises(ValueError, match="timing not met"):
+        ecp5.publish("ulx3s-85f", bdir, out)
+    rep.update(status="built", timing_met=True, fmax_mhz=61.5)
     (bdir / "report.json").write_text(json.dumps(rep))
     bit = ecp5.publish("ulx3s-85f", bdir, out)
     assert bit.read_bytes() == b"\xff" * 1000

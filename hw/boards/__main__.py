@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="ECP5: nextpnr router (default: the board's chosen build, else router1)")
     ap.add_argument("--placer-density", type=float, default=None,
                     help="ECP5: nextpnr's maximum placement density (--placer-heap-beta; its default 0.9)")
+    ap.add_argument("--place-only", action="store_true",
+                    help="ECP5: stop after placement (no bitstream); report nextpnr's post-placement Fmax estimate")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
     ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep:
             res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
                                            "router": args.router, "density": args.placer_density,
+                                           "place_only": args.place_only,
                                            **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
                                           for n in lanes for f in freqs])
             print(json.dumps([{k: r.get(k) for k in ("lanes", "target_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")}
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("several --lanes/--freq-mhz values need --sweep")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
         return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
-                          router=args.router, density=args.placer_density, lanes=lanes[0], **extra)
+                          router=args.router, density=args.placer_density, place_only=args.place_only,
+                          lanes=lanes[0], **extra)
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
         params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}

@@ -233,13 +233,16 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
     clocks = {}
     for clk, fm in rep.get("fmax", {}).items():
         clocks[clk] = {"achieved_mhz": round(float(fm["achieved"]), 2), "target_mhz": round(float(fm["constraint"]), 2)}
-    # the log's last "Max frequency" lines are the post-route ones
-    final = {}
+    # the log's first "Max frequency" line of a clock is nextpnr's estimate after placement, its last the
+    # post-route figure (the same line when the build was placed only)
+    placed, final = {}, {}
     for clk, ach, verdict, tgt in _FMAX_RE.findall(log):
+        placed.setdefault(clk, float(ach))
         final[clk] = (float(ach), verdict, float(tgt))
     for clk, (ach, verdict, tgt) in final.items():
         clocks.setdefault(clk, {"achieved_mhz": ach, "target_mhz": tgt})
         clocks[clk]["log_verdict"] = verdict
+        clocks[clk]["placed_mhz"] = placed[clk]
     util = {}
     for cell, u in rep.get("utilization", {}).items():
         used, avail = int(u["used"]), int(u["available"])
@@ -252,19 +255,21 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
 ROUTERS = ("router1", "router2")
 
 
-def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None) -> str:
-    """The build folder name of a configuration: ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>[_router2][_d<density>]``
-    (the quantize lanes only where they differ from :data:`DEFAULT_PARAMS`, the router only when not router1,
-    the placement density only when set)."""
+def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None,
+              place_only: bool = False) -> str:
+    """The build folder name of a configuration:
+    ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>[_router2][_d<density>][_placed]`` (the quantize lanes only where
+    they differ from :data:`DEFAULT_PARAMS`, the router only when not router1, the placement density only when
+    set, ``_placed`` for a build stopped after placement)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
     r = "" if router == "router1" else f"_{router}"
     d = "" if density is None else f"_d{density:g}"
-    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}{d}"
+    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}{d}" + ("_placed" if place_only else "")
 
 
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
           router: str = "router1", density: float | None = None, build_root: Path | None = None,
-          write_bitstream_dir: bool = True,
+          write_bitstream_dir: bool = True, place_only: bool = False,
           **params) -> int:
     """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
 
@@ -290,6 +295,11 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     write_bitstream_dir : bool
         Copy the bitstream and report to ``out_dir`` when timing is met (nextpnr always finishes; a build
         that missed its target says ``timing_met: false`` in its own ``report.json`` and is not copied).
+    place_only : bool
+        Stop after placement (nextpnr ``--no-route``, no bitstream): ``report.json`` says ``status: placed``
+        and gives nextpnr's post-placement estimate as ``placed_fmax_mhz`` (routing only lowers it, so a
+        configuration that misses its target here cannot close timing). Takes about 20 minutes where a
+        routed build of the 16-lane core takes hours (bitstreams/README.md).
     **params
         :class:`hw.top.Accelerator` parameters overriding :data:`DEFAULT_PARAMS`.
 
@@ -318,7 +328,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     if baud > info.max_baud:
         raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
     core = {**DEFAULT_PARAMS, **params}
-    tag = build_tag(core, freq_mhz, seed, router, density)
+    tag = build_tag(core, freq_mhz, seed, router, density, place_only)
     q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
@@ -328,12 +338,14 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
     # build that met timing is copied to out_dir
     opts = f"--report nextpnr_report.json --seed {seed} --router {router} --timing-allow-fail" + (
-        f" --placer-heap-beta {density:g}" if density is not None else "")
+        f" --placer-heap-beta {density:g}" if density is not None else "") + (" --no-route" if place_only else "")
     t0 = time.time()
     revision = _git_revision()    # of the sources elaborated now (the tools then run for up to hours)
     print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
     plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts)
     env = _tool_env()
+    if place_only:
+        env["ECPPACK"] = "true"       # the build script's ecppack step: no bitstream from an unrouted design
     ok = True
     try:
         plan.execute_local(str(bdir), env=env)
@@ -342,7 +354,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         print(f"{board}: toolchain failed ({exc}); see {bdir}/top.tim", file=sys.stderr)
     seconds = time.time() - t0
     report = {
-        "board": board, "device": info.device, "status": "built" if ok else "failed",
+        "board": board, "device": info.device, "status": ("placed" if place_only else "built") if ok else "failed",
         "target_mhz": round(top.freq_hz / 1e6, 3), "pll": top.pll, "baud": baud, "uart_divisor": top.divisor,
         "uart_bridge": info.uart,
         "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
@@ -356,7 +368,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
                    + (f" --quant-lanes {core['quant_lanes']}" if q else "") + f" --baud {baud}"
                    + (f" --router {router}" if router != "router1" else "")
-                   + (f" --placer-density {density:g}" if density is not None else ""),
+                   + (f" --placer-density {density:g}" if density is not None else "")
+                   + (" --place-only" if place_only else ""),
     }
     if (bdir / "nextpnr_report.json").exists():
         report.update(_parse_nextpnr(bdir, "top"))
@@ -365,9 +378,17 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         if sync:
             report["core_clock_net"] = sync[0]
             c = report["clocks"][sync[0]]
-            report["fmax_mhz"] = c["achieved_mhz"]
-            report["timing_met"] = c["achieved_mhz"] >= report["target_mhz"] and c.get("log_verdict", "PASS") == "PASS"
+            if place_only:
+                report["placed_fmax_mhz"] = c["achieved_mhz"]
+                report["placement_met"] = c["achieved_mhz"] >= report["target_mhz"]
+            else:
+                report["fmax_mhz"] = c["achieved_mhz"]
+                report["placed_fmax_mhz"] = c.get("placed_mhz")
+                report["timing_met"] = (c["achieved_mhz"] >= report["target_mhz"]
+                                        and c.get("log_verdict", "PASS") == "PASS")
     report.setdefault("timing_met", False)
+    if place_only:
+        (bdir / "top.config").unlink(missing_ok=True)   # nextpnr's configuration of an unrouted design
     report["lanes_x_fmax"] = round(core["lanes"] * report.get("fmax_mhz", 0.0), 1)
     # 10 bits per byte on the wire: the token packet and the image go over the link once per token
     report["uart_bytes_per_s"] = baud / 10
@@ -430,7 +451,8 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
         r = json.loads(rep_path.read_text())
         rows.append({"config": rep_path.parent.name, "lanes": r["lanes"],
                      "quant_lanes": r.get("params", {}).get("quant_lanes"), "target_mhz": r["target_mhz"],
-                     "fmax_mhz": r.get("fmax_mhz"), "timing_met": r.get("timing_met", False),
+                     "fmax_mhz": r.get("fmax_mhz"), "placed_fmax_mhz": r.get("placed_fmax_mhz"),
+                     "timing_met": r.get("timing_met", False),
                      "status": r.get("status"), "lanes_x_target": round(r["lanes"] * r["target_mhz"], 1),
                      "lut4": r.get("utilisation", {}).get("TRELLIS_COMB", {}).get("used"),
                      "ff": r.get("utilisation", {}).get("TRELLIS_FF", {}).get("used"),
@@ -458,10 +480,11 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         seed = cfg.pop("seed", 1)
         router = cfg.pop("router", "router1")
         density = cfg.pop("density", None)
+        place_only = cfg.pop("place_only", False)
         rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, density=density,
-                   write_bitstream_dir=False, **cfg)
+                   write_bitstream_dir=False, place_only=place_only, **cfg)
         tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router,
-                        density)
+                        density, place_only)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)
