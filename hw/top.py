@@ -251,13 +251,16 @@ class Accelerator(wiring.Component):
         crc_b = crc.catalog.CRC32_ETHERNET(data_width=self.bus_bits).create()
         crc_o = crc.catalog.CRC32_ETHERNET(data_width=32).create()
         m.submodules.crc_w, m.submodules.crc_b, m.submodules.crc_o = crc_w, crc_b, crc_o
-        # the fetcher's and the sequencer's CRCs run one cycle behind their streams, on registered copies of
-        # the data, valid and start that the state machines drive (their decodes and the CRC's XOR tree would
-        # otherwise share a cycle): a check reads the CRC one cycle later than the last word's (docs/RTL.md)
-        crc_w_valid, crc_w_start = Signal(), Signal()     # driven by the sequencer, this cycle
-        crc_b_valid, crc_b_start = Signal(), Signal()     # driven by the fetcher, this cycle
+        # each CRC runs one cycle behind its stream, on registered copies of the data, valid and start that the
+        # state machines drive this cycle (their decodes, or the output word's source muxes, and the CRC's XOR
+        # tree would otherwise share a cycle): a check reads the CRC one cycle later than the last word's, and
+        # the output trailer leaves a one-cycle gap before its CRC word (docs/RTL.md)
+        crc_w_valid, crc_w_start = Signal(), Signal()     # driven by the sequencer
+        crc_b_valid, crc_b_start = Signal(), Signal()     # driven by the fetcher
+        crc_o_data, crc_o_valid, crc_o_start = Signal(32), Signal(), Signal()   # by the output stream (below)
         for proc, data_now, valid_now, start_now in ((crc_w, word, crc_w_valid, crc_w_start),
-                                                     (crc_b, ch0.tdata, crc_b_valid, crc_b_start)):
+                                                     (crc_b, ch0.tdata, crc_b_valid, crc_b_start),
+                                                     (crc_o, crc_o_data, crc_o_valid, crc_o_start)):
             d, v, st = Signal.like(proc.data), Signal(), Signal()
             m.d.sync += [d.eq(data_now), v.eq(valid_now), st.eq(start_now)]
             m.d.comb += [proc.data.eq(d), proc.valid.eq(v), proc.start.eq(st)]
@@ -459,12 +462,9 @@ class Accelerator(wiring.Component):
         # ---------------- the sequencer
         stalls = Signal()
         first_out = Signal(init=1)    # the next output word starts a packet (the last one ended with tlast)
-        # the output CRC runs one cycle behind the stream, on a registered copy of each word taken (the
-        # word's source muxes and the CRC's XOR tree would otherwise share a cycle); the trailer leaves a
-        # one-cycle gap before the CRC word for it
-        crc_data, crc_valid, crc_start = Signal(32), Signal(), Signal()
-        m.d.sync += [crc_data.eq(out_word), crc_valid.eq(out_take & ~out_last), crc_start.eq(first_out & out_take)]
-        m.d.comb += [crc_o.data.eq(crc_data), crc_o.valid.eq(crc_valid), crc_o.start.eq(crc_start)]
+        # the output CRC covers every word taken but the trailer's last (the CRC word itself)
+        m.d.comb += [crc_o_data.eq(out_word), crc_o_valid.eq(out_take & ~out_last),
+                     crc_o_start.eq(first_out & out_take)]
         clear_pending = Signal()      # CTRL.clear while an aborted output packet was still being closed
         lanes_done = [Signal(name=f"lanes_done{c}") for c in range(C)]   # channel c's block's last chunk taken
         instr_done = Signal()         # an instruction completes this cycle (the next one's DISPATCH follows)
