@@ -267,7 +267,21 @@ def test_shipped_model_fits_the_ecp5_builds():
     with Ecp5Device(serial=FakeBoard(), timeout=1.0) as dev:
         dev.load(ck)
         assert np.array_equal(dev.step(1), gold.step(1))
-        assert 6.0 < dev.seconds_per_token() < 7.0       # 1.95 MB at 3 Mbaud, 10 bits per byte
+        assert 9.5 < dev.seconds_per_token() < 10.5      # 1.95 MB at 2 Mbaud, 10 bits per byte
+
+
+def test_default_rate_is_the_builds_rate(monkeypatch):
+    """The device opens the port at the rate the boards' default bitstreams run their link at."""
+    from hw.boards import ecp5 as boards
+
+    monkeypatch.delenv("MMFREE_ECP5_BAUD", raising=False)
+    assert {c["baud"] for c in boards.CHOSEN.values()} == {Ecp5Device(serial=FakeBoard()).baud}
+    monkeypatch.setenv("MMFREE_ECP5_BAUD", "3000000")
+    assert Ecp5Device(serial=FakeBoard()).baud == 3_000_000
+    assert Ecp5Device(serial=FakeBoard(), baud=115_200).baud == 115_200
+    monkeypatch.setenv("MMFREE_ECP5_BAUD", "fast")
+    with pytest.raises(ValueError, match="MMFREE_ECP5_BAUD"):
+        Ecp5Device(serial=FakeBoard())
 
 
 @pytest.mark.board

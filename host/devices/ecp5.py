@@ -4,8 +4,8 @@ over its FTDI serial port through the UART link (:mod:`hw.boards.uart_link`).
 Per token the host sends the token packet (the golden device's packet, byte for byte) and then the whole
 model image through the link's ``'S'`` command, collects the core's output packet from the ``'o'``
 frames, and reads the counters through ``'R'``. 8N1 framing costs 10 line bits per byte, so a token takes
-``(packet + image bytes) * 10 / baud`` seconds at least: for the shipped model (1.95 MB image) at
-3 Mbaud, about 6.5 s per token (0.15 tokens/s). Slow, but real: the logits are the core's own.
+``(packet + image bytes) * 10 / baud`` seconds at least: for the shipped model (1.95 MB image) at the
+builds' 2 Mbaud, about 9.8 s per token (0.10 tokens/s). Slow, but real: the logits are the core's own.
 
 :class:`UartLink` is the protocol (any object with pyserial's ``read``/``write``/``reset_input_buffer``/
 ``close`` and a ``timeout`` attribute will do: the tests use a port backed by the link's gateware in the
@@ -40,7 +40,9 @@ __all__ = ["Ecp5Device", "LinkError", "LinkTimeout", "UartLink", "DEFAULT_PORT",
 
 #: serial port used when none is given (``MMFREE_ECP5_PORT`` overrides)
 DEFAULT_PORT = "/dev/ttyUSB0"
-DEFAULT_BAUD = 3_000_000
+#: the link rate of the boards' default builds (``hw.boards.ecp5.CHOSEN``: 50 MHz / 25; ``MMFREE_ECP5_BAUD``
+#: overrides, for a bitstream built with another ``--baud``)
+DEFAULT_BAUD = 2_000_000
 _R = isa.REGISTER_MAP
 
 
@@ -95,7 +97,8 @@ class UartLink:
                 buf += got
             elif time.monotonic() >= deadline:
                 raise LinkTimeout(f"ECP5 link: no {what} within {self.timeout:g} s ({len(buf)} of {n} bytes): is the "
-                                  f"board connected, powered and loaded with the bitstream?")
+                                  f"board connected, powered and loaded with the bitstream, and is the port's rate "
+                                  f"the bitstream's (its report.json 'baud'; MMFREE_ECP5_BAUD)?")
         return buf
 
     def _reply(self, want: int) -> bytes:
@@ -103,7 +106,8 @@ class UartLink:
         while True:
             head = self._read_exact(1, f"reply {chr(want)!r}")[0]
             if head not in ul.REPLY_BYTES:
-                raise LinkError(f"ECP5 link: lost framing (byte 0x{head:02x} where a frame starts)")
+                raise LinkError(f"ECP5 link: lost framing (byte 0x{head:02x} where a frame starts; a port rate "
+                                f"other than the bitstream's looks like this: MMFREE_ECP5_BAUD)")
             body = self._read_exact(ul.REPLY_BYTES[head], f"body of frame {chr(head)!r}")
             if head == ul.REP_OUTPUT:
                 self.output.append((int.from_bytes(body[:4], "little"), bool(body[4] & 1)))
@@ -207,8 +211,9 @@ class Ecp5Device(ReplayLogDevice):
     port : str, optional
         Serial port (default ``$MMFREE_ECP5_PORT`` or ``/dev/ttyUSB0``; the ULX3S's FT231X; on the
         ECPIX-5 the FT2232H's second interface, usually ``/dev/ttyUSB1``).
-    baud : int
-        The bitstream's rate (3 Mbaud for the committed builds).
+    baud : int, optional
+        The bitstream's rate, bits/s (default ``$MMFREE_ECP5_BAUD`` or :data:`DEFAULT_BAUD`, the committed
+        builds' 2 Mbaud; the build's ``report.json`` gives it as ``baud``).
     timeout : float
         Seconds to wait for any reply (and, times 10, for a token's output).
     output_gate : {"released", "paper"}
@@ -225,9 +230,15 @@ class Ecp5Device(ReplayLogDevice):
 
     name = "ecp5"
 
-    def __init__(self, *, port: str | None = None, baud: int = DEFAULT_BAUD, timeout: float = 2.0,
+    def __init__(self, *, port: str | None = None, baud: int | None = None, timeout: float = 2.0,
                  output_gate: str = "released", serial: Any = None) -> None:
         super().__init__()
+        if baud is None:
+            env = os.environ.get("MMFREE_ECP5_BAUD", "")
+            try:
+                baud = int(env) if env else DEFAULT_BAUD
+            except ValueError:
+                raise ValueError(f"MMFREE_ECP5_BAUD must be an integer rate in bits/s, got {env!r}") from None
         if not isinstance(baud, int) or baud <= 0:
             raise ValueError(f"baud must be a positive integer, got {baud!r}")
         self.port_name = port or os.environ.get("MMFREE_ECP5_PORT", DEFAULT_PORT)
