@@ -5,8 +5,11 @@ A placement takes about 20 minutes and one router2 iteration a few more, where a
 takes hours (``bitstreams/README.md``). nextpnr writes, per router2 iteration ``N``, with
 ``--router2-heatmap PREFIX``:
 
-- ``PREFIX_congestion_by_net_N.csv``: ``net,overused wires`` (wires that more than one net claims);
-- ``PREFIX_congestion_by_coordinate_N.csv``: one row per grid row, overused wires per tile.
+- ``PREFIX_congestion_by_net_N.csv``: ``net,count``: how many of the net's wires are overused (claimed by
+  more nets than they can carry). A wire that two nets share counts once for each, so the sum over nets is
+  larger than the number of overused wires nextpnr's log gives (``iter=N ... overused=``): read it as the
+  "per-net overuse", and its split by module as shares;
+- ``PREFIX_congestion_by_coordinate_N.csv``: one row per grid row, overuse per tile.
 
 Each net is named by Yosys and nextpnr after the ``hw/`` signal it carries or drives (``core.epilogue.stage3.
 s3_v2_LUT4_C_Z`` is a LUT output in ``hw/epilogue.py``'s stage 3), so the first name components give the
@@ -42,17 +45,22 @@ GROUPS = ((re.compile(r"^core\.epilogue\.stage\d+$"), "core.epilogue.stage*"),)
 
 
 def module_of(net: str, depth: int = 3) -> str:
-    """The module a net belongs to: its first ``depth`` dotted name components (two outside ``core``),
-    the epilogue's stages grouped (:data:`GROUPS`); nextpnr's own nets (``$PACKER_GND_NET``) as they are.
+    """The module a net belongs to: its first ``depth`` dotted name components (two outside ``core``), the
+    epilogue's stages grouped (:data:`GROUPS`), the core's own top-level signals as ``core``; nextpnr's own
+    nets (``$PACKER_GND_NET``) as they are.
 
     >>> module_of("core.epilogue.stage3.s3_v2_LUT4_C_Z")
     'core.epilogue.stage*'
     >>> module_of("link.bridge.w_done_TRELLIS_FF_Q_CE")
     'link.bridge'
+    >>> module_of("core.f_at_end_LUT4_B_Z[3]")
+    'core'
     """
     parts = net.split(".")
     if len(parts) == 1:
         return net
+    if parts[0] == "core" and len(parts) == 2:
+        return "core"
     key = ".".join(parts[:depth] if parts[0] == "core" and len(parts) > depth else parts[:2])
     for pat, name in GROUPS:
         if pat.match(key):
@@ -73,28 +81,48 @@ def read_by_net(path: Path) -> dict[str, int]:
         for i, row in enumerate(csv.reader(f), 1):
             if not row:
                 continue
-            if len(row) != 2 or not row[1].strip().lstrip("-").isdigit():
-                raise ValueError(f"{path}:{i}: expected 'net,overused wires', got {row!r}")
+            if len(row) != 2 or not row[1].strip().isdigit():
+                raise ValueError(f"{path}:{i}: expected 'net,count' with a count >= 0, got {row!r}")
+            if row[0] in out:
+                raise ValueError(f"{path}:{i}: net {row[0]!r} listed twice")
             out[row[0]] = int(row[1])
     return out
 
 
 def read_by_coordinate(path: Path) -> list[list[int]]:
-    """The overuse grid (rows of tiles) from a ``congestion_by_coordinate`` CSV (trailing commas allowed)."""
+    """The overuse grid (rows of tiles) from a ``congestion_by_coordinate`` CSV (trailing commas allowed).
+
+    Raises
+    ------
+    ValueError
+        On a value that is not a number (with the file and row).
+    """
+    grid = []
     with open(path, newline="") as f:
-        return [[int(float(v)) for v in row if v.strip()] for row in csv.reader(f) if any(v.strip() for v in row)]
+        for i, row in enumerate(csv.reader(f), 1):
+            try:
+                vals = [int(float(v)) for v in row if v.strip()]
+            except ValueError:
+                raise ValueError(f"{path}:{i}: expected numbers, got {row!r}") from None
+            if vals:
+                grid.append(vals)
+    return grid
 
 
 def summarise(by_net: dict[str, int], grid: list[list[int]] | None = None, *, top: int = 25,
               blocks: int = 8) -> dict:
-    """Overuse by module (share of the total, net count) and the ``top`` nets; with ``grid``, its total and
+    """Per-net overuse (see the module docstring) by module (share of the total, net count), by top-level
+    module (``core.epilogue`` with all its parts), and the ``top`` nets; with ``grid``, its total and
     ``blocks`` x ``blocks`` block sums (is the congestion local or everywhere?)."""
     total = sum(by_net.values())
-    mods, nets = Counter(), Counter()
+    mods, nets, tops = Counter(), Counter(), Counter()
     for net, v in by_net.items():
         mods[module_of(net)] += v
         nets[module_of(net)] += 1
+        tops[module_of(net, depth=2)] += v
     res = {"total_overuse": total, "nets": len(by_net),
+           "by_top_module": [{"module": m, "overuse": v, "share": round(v / total, 4) if total else 0.0}
+                             for m, v in tops.most_common(top)],
            "by_module": [{"module": m, "overuse": v, "share": round(v / total, 4) if total else 0.0, "nets": nets[m]}
                          for m, v in mods.most_common(top)],
            "top_nets": [{"net": n, "overuse": v} for n, v in Counter(by_net).most_common(top)]}
@@ -119,9 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     coord_path = Path(f"{args.prefix}_congestion_by_coordinate_{args.iteration}.csv")
     if not by_net_path.exists():
         ap.error(f"{by_net_path} does not exist (run nextpnr's router2 with --router2-heatmap {args.prefix})")
-    res = summarise(read_by_net(by_net_path), read_by_coordinate(coord_path) if coord_path.exists() else None)
-    report = {**provenance("routing_congestion"), "build": args.build, "router2_iteration": args.iteration, **res}
-    print(f"{res['total_overuse']:,} overused wires over {res['nets']:,} nets (router2 iteration {args.iteration})")
+    try:
+        res = summarise(read_by_net(by_net_path), read_by_coordinate(coord_path) if coord_path.exists() else None)
+    except (ValueError, UnicodeDecodeError) as exc:
+        print(f"routing_congestion: {exc}", file=sys.stderr)
+        return 2
+    if not coord_path.exists():
+        print(f"routing_congestion: no {coord_path}: no per-tile summary", file=sys.stderr)
+    report = {**provenance("routing_congestion"), "build": args.build, "router2_iteration": args.iteration,
+              "inputs": [str(x) for x in (by_net_path, coord_path) if x.exists()], **res}
+    print(f"per-net overuse {res['total_overuse']:,} over {res['nets']:,} nets (router2 iteration {args.iteration})")
     for m in res["by_module"][:12]:
         print(f"  {m['module']:40s} {m['overuse']:8,} {100 * m['share']:5.1f} %  ({m['nets']:,} nets)")
     if args.out:

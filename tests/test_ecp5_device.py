@@ -279,9 +279,10 @@ def test_default_rate_is_the_builds_rate(monkeypatch):
     monkeypatch.setenv("MMFREE_ECP5_BAUD", "3000000")
     assert Ecp5Device(serial=FakeBoard()).baud == 3_000_000
     assert Ecp5Device(serial=FakeBoard(), baud=115_200).baud == 115_200
-    monkeypatch.setenv("MMFREE_ECP5_BAUD", "fast")
-    with pytest.raises(ValueError, match="MMFREE_ECP5_BAUD"):
-        Ecp5Device(serial=FakeBoard())
+    for bad in ("fast", "0", "-5"):
+        monkeypatch.setenv("MMFREE_ECP5_BAUD", bad)
+        with pytest.raises(ValueError, match="MMFREE_ECP5_BAUD"):
+            Ecp5Device(serial=FakeBoard())
 
 
 @pytest.mark.board

@@ -188,7 +188,7 @@ class UartLink:
             self.output.append((int.from_bytes(body[:4], "little"), bool(body[4] & 1)))
 
     def resync(self, quiet: float = 0.5) -> None:
-        """After a time-out: wait past the board's byte time-out (about 0.28 s at 60 MHz), drop what
+        """After a time-out: wait past the board's byte time-out (2^24 cycles: about 0.34 s at 50 MHz), drop what
         arrived."""
         time.sleep(quiet)
         self.port.reset_input_buffer()
@@ -212,8 +212,8 @@ class Ecp5Device(ReplayLogDevice):
         Serial port (default ``$MMFREE_ECP5_PORT`` or ``/dev/ttyUSB0``; the ULX3S's FT231X; on the
         ECPIX-5 the FT2232H's second interface, usually ``/dev/ttyUSB1``).
     baud : int, optional
-        The bitstream's rate, bits/s (default ``$MMFREE_ECP5_BAUD`` or :data:`DEFAULT_BAUD`, the committed
-        builds' 2 Mbaud; the build's ``report.json`` gives it as ``baud``).
+        The bitstream's rate, bits/s (default ``$MMFREE_ECP5_BAUD`` or :data:`DEFAULT_BAUD`, the 2 Mbaud
+        of the boards' default builds; a build's ``report.json`` gives it as ``baud``).
     timeout : float
         Seconds to wait for any reply (and, times 10, for a token's output).
     output_gate : {"released", "paper"}
@@ -238,8 +238,10 @@ class Ecp5Device(ReplayLogDevice):
             try:
                 baud = int(env) if env else DEFAULT_BAUD
             except ValueError:
-                raise ValueError(f"MMFREE_ECP5_BAUD must be an integer rate in bits/s, got {env!r}") from None
-        if not isinstance(baud, int) or baud <= 0:
+                baud = 0
+            if baud <= 0:
+                raise ValueError(f"MMFREE_ECP5_BAUD must be a positive integer rate in bits/s, got {env!r}")
+        if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
             raise ValueError(f"baud must be a positive integer, got {baud!r}")
         self.port_name = port or os.environ.get("MMFREE_ECP5_PORT", DEFAULT_PORT)
         self.baud, self.timeout, self.output_gate = baud, float(timeout), output_gate

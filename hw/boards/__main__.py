@@ -73,21 +73,26 @@ def main(argv: list[str] | None = None) -> int:
         args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
         args.baud = args.baud or chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
-        if args.sweep:
-            res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
-                                           "router": args.router, "density": args.placer_density,
-                                           "place_only": args.place_only,
-                                           **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
-                                          for n in lanes for f in freqs])
-            print(json.dumps([{k: r.get(k) for k in ("lanes", "target_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")}
-                              for r in res], indent=1))
-            return 0
         if len(lanes) != 1 or len(freqs) != 1:
-            ap.error("several --lanes/--freq-mhz values need --sweep")
-        extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
-        return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
-                          router=args.router, density=args.placer_density, place_only=args.place_only,
-                          lanes=lanes[0], **extra)
+            if not args.sweep:
+                ap.error("several --lanes/--freq-mhz values need --sweep")
+        try:
+            if args.sweep:
+                res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
+                                               "router": args.router, "density": args.placer_density,
+                                               "place_only": args.place_only,
+                                               **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
+                                              for n in lanes for f in freqs], args.out)
+                keys = ("lanes", "target_mhz", "status", "placed_fmax_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")
+                print(json.dumps([{k: r.get(k) for k in keys} for r in res], indent=1))
+                return 0
+            extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
+            return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
+                              router=args.router, density=args.placer_density, place_only=args.place_only,
+                              lanes=lanes[0], **extra)
+        except ValueError as exc:       # a request the build refuses: clock, baud rate, density, lanes
+            print(f"python -m hw.boards: {exc}", file=sys.stderr)
+            return 2
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
         params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}

@@ -473,7 +473,8 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
 
 def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[dict]:
     """Build each configuration (``lanes``, ``freq_mhz``, ``seed``, ...) with timing failures allowed, and
-    return their reports (also written to ``build/boards/<board>/sweep.json``)."""
+    return their reports (also written to ``build/boards/<board>/sweep.json``); then refresh ``out_dir``'s
+    ``sweep.json`` (:func:`collect_sweep`). Nothing is published: ``--publish`` copies the chosen build."""
     results = []
     for cfg in configs:
         cfg = dict(cfg)
@@ -492,13 +493,14 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
     path = REPO_ROOT / "build" / "boards" / board / "sweep.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
+    collect_sweep(board, out_dir)       # every build of the board so far, and the choice, into out_dir
     return results
 
 
 #: The configuration each board builds by default (``make bitstream BOARD=...``): 4 quantize lanes, a 50 MHz
 #: core clock, the link at 2 Mbaud (50 MHz / 25) and nextpnr's default router1 (router2's overuse stalled on
 #: this core; bitstreams/README.md). Lanes: on the ECPIX-5, 32, which nextpnr placed at 52.25 MHz against 16
-#: lanes' 51.35 MHz (the lanes are a small part of the core: 52,247 against 49,564 LUT4), twice the trit rate;
+#: lanes' 51.35 MHz (the lanes are a small part of the core: 52,247 against 49,919 LUT4), twice the trit rate;
 #: more than 40 would gain nothing, as the link's one 64-bit channel carries 40 trits a beat. On the ULX3S,
 #: 16: no lane count closes 50 MHz on its -6 part yet (16 lanes placed at 33.21 MHz). Neither is a sweep's
 #: choice yet: no build has finished routing (``sweep.json`` then chooses).
