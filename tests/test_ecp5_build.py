@@ -114,10 +114,25 @@ def test_publish_copies_only_closed_timing(tmp_path):
         ecp5.publish("ecpix5-85f", bdir, out)
     rep.update(status="placed", placed_fmax_mhz=61.5)      # a placement estimate is never published
     (bdir / "report.json").write_text(json.dumps(rep))
-    with pytest.raises(ValueError, match="timing not met"):
+    with pytest.raises(ValueError, match="placement-only"):
         ecp5.publish("ulx3s-85f", bdir, out)
     rep.update(status="built", timing_met=True, fmax_mhz=61.5)
     (bdir / "report.json").write_text(json.dumps(rep))
     bit = ecp5.publish("ulx3s-85f", bdir, out)
     assert bit.read_bytes() == b"\xff" * 1000
     assert json.loads((out / "report.json").read_text())["bitstream_bytes"] == 1000
+
+
+def test_sweep_lists_an_unreadable_report_instead_of_failing(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    good, bad = root / "build/boards/ulx3s-85f/l16_f50_s1", root / "build/boards/ulx3s-85f/l32_f50_s1"
+    good.mkdir(parents=True)
+    bad.mkdir(parents=True)
+    (good / "report.json").write_text(json.dumps({"lanes": 16, "target_mhz": 50.0, "status": "built",
+                                                  "timing_met": True, "fmax_mhz": 52.0}))
+    (bad / "report.json").write_text('{"lanes": 32, ')          # a build killed while writing
+    monkeypatch.setattr(ecp5, "REPO_ROOT", root)
+    res = ecp5.collect_sweep("ulx3s-85f", tmp_path / "out")
+    assert res["chosen"] == "l16_f50_s1"
+    assert [r["config"] for r in res["builds"]] == ["l16_f50_s1", "l32_f50_s1"]
+    assert res["builds"][1]["status"].startswith("unreadable report.json")

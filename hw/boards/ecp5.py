@@ -415,6 +415,8 @@ def publish(board: str, build_dir: Path, out_dir: Path | None = None) -> Path:
     """
     bdir = Path(build_dir)
     rep_path = bdir / "report.json"
+    if rep_path.exists() and '"status": "placed"' in rep_path.read_text():
+        raise ValueError(f"{bdir} is a placement-only build (--place-only): it has no bitstream to publish")
     if not rep_path.exists() or not (bdir / "top.bit").exists():
         raise ValueError(f"{bdir} holds no finished build (report.json and top.bit)")
     report = json.loads(rep_path.read_text())
@@ -449,7 +451,15 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
     """
     rows = []
     for rep_path in sorted((REPO_ROOT / "build" / "boards" / board).glob("*/report.json")):
-        r = json.loads(rep_path.read_text())
+        try:
+            r = json.loads(rep_path.read_text())
+            missing = [k for k in ("lanes", "target_mhz") if k not in r]
+        except (ValueError, TypeError) as exc:
+            r, missing = None, [repr(exc)]
+        if r is None or missing:      # a stray or truncated file (a build killed while writing): listed, not fatal
+            rows.append({"config": rep_path.parent.name, "timing_met": False,
+                         "status": f"unreadable report.json ({', '.join(missing)} missing or invalid)"})
+            continue
         rows.append({"config": rep_path.parent.name, "lanes": r["lanes"],
                      "quant_lanes": r.get("params", {}).get("quant_lanes"), "target_mhz": r["target_mhz"],
                      "fmax_mhz": r.get("fmax_mhz"), "placed_fmax_mhz": r.get("placed_fmax_mhz"),
@@ -461,7 +471,7 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
                      "mult18": r.get("utilisation", {}).get("MULT18X18D", {}).get("used"),
                      "build_seconds": r.get("build_seconds"), "load_average": r.get("load_average"),
                      "seed": r.get("seed"), "git_revision": r.get("git_revision")})
-    ok = [x for x in rows if x["timing_met"] and x["status"] == "built"]
+    ok = [x for x in rows if x["timing_met"] and x["status"] == "built" and x.get("fmax_mhz") is not None]
     best = max(ok, key=lambda x: (x["lanes_x_target"], x["fmax_mhz"] - x["target_mhz"]), default=None)
     result = {"board": board, "rule": "timing met; max lanes x target clock; then max Fmax margin",
               "chosen": best["config"] if best else None, "builds": rows}
