@@ -73,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
         args.baud = args.baud or chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
-        if len(lanes) != 1 or len(freqs) != 1:
-            if not args.sweep:
-                ap.error("several --lanes/--freq-mhz values need --sweep")
+        if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:
+            ap.error("several --lanes/--freq-mhz values need --sweep")
         try:
             if args.sweep:
                 res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,

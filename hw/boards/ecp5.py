@@ -395,8 +395,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     report["uart_bytes_per_s"] = baud / 10
     (bdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if ok and report["timing_met"] and write_bitstream_dir and (bdir / "top.bit").exists():
-        publish(board, bdir, out)
-    if write_bitstream_dir:
+        publish(board, bdir, out)     # refreshes sweep.json too
+    elif write_bitstream_dir:
         collect_sweep(board, out)
     if not ok:
         return 2
@@ -415,11 +415,11 @@ def publish(board: str, build_dir: Path, out_dir: Path | None = None) -> Path:
     """
     bdir = Path(build_dir)
     rep_path = bdir / "report.json"
-    if rep_path.exists() and '"status": "placed"' in rep_path.read_text():
+    report = json.loads(rep_path.read_text()) if rep_path.exists() else {}
+    if report.get("status") == "placed":
         raise ValueError(f"{bdir} is a placement-only build (--place-only): it has no bitstream to publish")
-    if not rep_path.exists() or not (bdir / "top.bit").exists():
+    if not report or not (bdir / "top.bit").exists():
         raise ValueError(f"{bdir} holds no finished build (report.json and top.bit)")
-    report = json.loads(rep_path.read_text())
     if report.get("board") != board:
         raise ValueError(f"{bdir} is a build for {report.get('board')!r}, not {board!r}")
     if report.get("status") != "built" or not report.get("timing_met"):
@@ -455,8 +455,8 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
             r = json.loads(rep_path.read_text())
             missing = [k for k in ("lanes", "target_mhz") if k not in r]
         except (ValueError, TypeError) as exc:
-            r, missing = None, [repr(exc)]
-        if r is None or missing:      # a stray or truncated file (a build killed while writing): listed, not fatal
+            missing = [repr(exc)]
+        if missing:                   # a stray or truncated file (a build killed while writing): listed, not fatal
             rows.append({"config": rep_path.parent.name, "timing_met": False,
                          "status": f"unreadable report.json ({', '.join(missing)} missing or invalid)"})
             continue
