@@ -20,6 +20,8 @@ when the element moving in is valid (a clock enable): bubbles, most cycles of a 
 leave them alone. No intermediate is wider than 64 bits.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -82,14 +84,17 @@ class _Elem:
     separate signals (no wide record: every field is a word of its own in simulation, and an operand select
     is a 4-way multiplexer, not a shift of a wide vector)."""
 
-    def __init__(self, name: str, index_bits: int):
+    def __init__(self, name: str, index_bits: int, folded: bool = False):
         self.r = [Signal(INT32, name=f"{name}_r{k}", reset_less=True) for k in range(4)]
         self.index = Signal(index_bits, name=f"{name}_index", reset_less=True)
         self.last = Signal(name=f"{name}_last", reset_less=True)
+        #: folded epilogue: the micro-op slot the element executes in this pass (None otherwise)
+        self.k = Signal(range(MAX_OPS), name=f"{name}_k", reset_less=True) if folded else None
 
     def pairs(self, other: "_Elem") -> list:
         """(destination, source) pairs of a copy from ``other``, for :func:`_load`."""
-        return [*zip(self.r, other.r, strict=True), (self.index, other.index), (self.last, other.last)]
+        ks = [(self.k, other.k)] if self.k is not None else []
+        return [*zip(self.r, other.r, strict=True), (self.index, other.index), (self.last, other.last), *ks]
 
 
 def _load(en, pairs) -> list:
@@ -255,7 +260,10 @@ class Epilogue(wiring.Component):
     """
 
     def __init__(self, *, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2, acc_bits: int = isa.ACC_BITS,
-                 index_bits: int = 16):
+                 index_bits: int = 16, folded: bool = False):
+        if not isinstance(folded, bool):
+            raise TypeError(f"folded must be a bool, got {folded!r}")
+        self._folded = folded
         for name, value, lo, hi in (("lut_segments_log2", lut_segments_log2, 6, 14),
                                     ("acc_bits", acc_bits, 2, 32), ("index_bits", index_bits, 1, 32)):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -301,22 +309,42 @@ class Epilogue(wiring.Component):
         return self._index_bits
 
     @property
+    def folded(self) -> bool:
+        """One micro-op stage that every element passes once per micro-op slot (see the class notes)."""
+        return self._folded
+
+    @property
     def latency(self) -> int:
-        """Cycles from an element's input transfer to its exit (writes and logit presented), unstalled."""
+        """Cycles from an element's input transfer to its exit (writes and logit presented), unstalled; folded,
+        for a program of :data:`~hw.isa.MAX_OPS` micro-ops (:meth:`latency_for`)."""
+        return self.latency_for(MAX_OPS)
+
+    def latency_for(self, n_ops: int) -> int:
+        """:attr:`latency` of a program of ``n_ops`` micro-ops: ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY``
+        unfolded; folded ``ENTRY_LATENCY + max(n_ops, 1) * (STAGE_LATENCY + 1)`` (the last pass's c10)."""
+        if self._folded:
+            return ENTRY_LATENCY + max(min(n_ops, MAX_OPS), 1) * (STAGE_LATENCY + 1)
         return ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY
+
+    @property
+    def interval(self) -> int:
+        """Worst-case cycles per element at full rate, for a program of :data:`~hw.isa.MAX_OPS` micro-ops: 1
+        unfolded; folded ``max(n_ops, 1)`` (the ring holds ``STAGE_LATENCY + 1`` elements, each for
+        ``max(n_ops, 1)`` passes)."""
+        return MAX_OPS if self._folded else 1
 
     @property
     def multipliers(self) -> int:
         """Hardware multipliers: one ``acc_bits x 27`` (dequantization) and two ``32 x 32`` signed per
         stage (A: ``a*b``, ``a*buf`` or the LUT interpolation ``d*frac``; B: SiLU's ``x*sigmoid(x)`` or
-        SSQ's ``w*w``)."""
-        return 1 + 2 * MAX_OPS
+        SSQ's ``w*w``); folded, two in the one stage."""
+        return 1 + 2 * (1 if self._folded else MAX_OPS)
 
     @property
     def lut_rom(self) -> tuple[int, int, int]:
         """The sigmoid ROMs: (copies, depth ``2**lut_segments_log2``, width of ``{t0, d}`` in bits); each copy
-        has two synchronous read ports (stages ``2j`` and ``2j + 1``)."""
-        return _ROM_COPIES, 1 << self._seg, self._rom_layout.size
+        has two synchronous read ports (stages ``2j`` and ``2j + 1``); folded, one copy."""
+        return 1 if self._folded else _ROM_COPIES, 1 << self._seg, self._rom_layout.size
 
     def read_port_name(self, buf: Buffer) -> str:
         """Name of the read port of ``buf`` (``"rd_x"``, ...)."""
@@ -325,12 +353,13 @@ class Epilogue(wiring.Component):
         return f"rd_{Buffer(buf).name.lower()}"
 
     # ----------------------------------------------------------------------------------- elaborate
-    def elaborate(self, platform):
+    def elaborate(self, platform):  # noqa: C901 - one pipeline, two shapes, read top to bottom
         m = Module()
+        folded = self._folded
         # the sigmoid LUT: one copy per two stages (a dual-port block RAM; Yosys turns a ROM with more read
         # ports into logic)
         roms = [Memory(shape=self._rom_layout, depth=1 << self._seg, init=self._rom_init)
-                for _ in range(_ROM_COPIES)]
+                for _ in range(self.lut_rom[0])]
         for j, rom in enumerate(roms):
             m.submodules[f"sigmoid_rom{j}"] = rom
         ib = self._index_bits
@@ -338,17 +367,22 @@ class Epilogue(wiring.Component):
         rd_ports = [getattr(self, f"rd_{b.name.lower()}") for b in READ_BUFFERS]
         wr_ports = [getattr(self, f"wr_{b.name.lower()}") for b in WRITE_BUFFERS]
 
-        adv = Signal()  # the whole pipeline moves (no logits backpressure at the exit)
-        # the delay memories' write pointer: one step per advance of the lockstep pipeline
-        wp = Signal(range(_DELAY_DEPTH))
-        with m.If(adv):
-            m.d.sync += wp.eq(wp + 1)
+        adv = Signal()  # the whole pipeline moves (no logits backpressure)
+        if not folded:
+            # the delay memories' write pointer: one step per advance of the lockstep pipeline
+            wp = Signal(range(_DELAY_DEPTH))
+            with m.If(adv):
+                m.d.sync += wp.eq(wp + 1)
 
         # ------------------------------------------------------ decoded configuration (registered)
-        stage_mods = [Module() for _ in range(MAX_OPS)]
+        stage_mods = [Module() for _ in range(1 if folded else MAX_OPS)]
         for s, sm in enumerate(stage_mods):
             m.submodules[f"stage{s}"] = sm
-        dcs = [self._decode(sm, s) for s, sm in enumerate(stage_mods)]
+        if folded:
+            m.submodules.decode = dec = Module()
+            dcs = [self._decode(dec, s) for s in range(MAX_OPS)]
+        else:
+            dcs = [self._decode(sm, s) for s, sm in enumerate(stage_mods)]
         dq_zero, dq_neg = Signal(reset_less=True), Signal(reset_less=True)
         dq_lsh, dq_rsh0 = Signal(range(33), reset_less=True), Signal(reset_less=True)
         dq_rshm1 = Signal(range(62), reset_less=True)
@@ -359,12 +393,15 @@ class Epilogue(wiring.Component):
         # ------------------------------------------------------------------------------- entry
         in_lay = input_layout(ib)
         e0, v0 = Signal(in_lay, reset_less=True), Signal()
-        m.d.comb += self.i.ready.eq(adv)
+        admit = Signal()  # folded: the ring slot this element will enter is free; unfolded: always
+        m.d.comb += self.i.ready.eq(adv & admit)
         with m.If(adv):
-            m.d.sync += v0.eq(self.i.valid)
+            m.d.sync += v0.eq(self.i.valid & admit)
             m.d.sync += _load(self.i.valid, [(e0, self.i.payload)])
-        for p in rd_ports:
-            m.d.comb += [p.addr.eq(e0.index), p.en.eq(adv)]
+        if not folded:
+            m.d.comb += admit.eq(1)
+            for p in rd_ports:
+                m.d.comb += [p.addr.eq(e0.index), p.en.eq(adv)]
 
         # E1: dequantization product; buffer data arrives
         e1, v1 = Signal(in_lay, reset_less=True), Signal()
@@ -373,15 +410,19 @@ class Epilogue(wiring.Component):
             m.d.sync += v1.eq(v0)
             m.d.sync += _load(v0, [(e1, e0), (p1, e0.value[:self._acc_bits].as_signed() * cfg.s_mant)])
 
-        # E2a: the right shift of ``p1 >> s_shift`` by its multiple of 8, and sat32 of ``p1`` for a left shift;
-        # each stage's buffer operand selected from the read ports: stage 0's into a register, the others' into
-        # their delay memories (read as the element enters the stage)
-        rd_sel = [Signal(INT32, name=f"rd_sel{s}") for s in range(MAX_OPS)]
-        for s in range(MAX_OPS):
-            with m.Switch(dcs[s]["buf"]):
+        def select(buf, name):
+            """The read port data of buffer ``buf`` (0 for a buffer without a read port)."""
+            out = Signal(INT32, name=name)
+            with m.Switch(buf):
                 for j, b in enumerate(READ_BUFFERS):
                     with m.Case(b):
-                        m.d.comb += rd_sel[s].eq(rd_ports[j].data)
+                        m.d.comb += out.eq(rd_ports[j].data)
+            return out
+
+        # E2a: the right shift of ``p1 >> s_shift`` by its multiple of 8, and sat32 of ``p1`` for a left shift;
+        # unfolded, each stage's buffer operand selected from the read ports: stage 0's into a register, the
+        # others' into their delay memories (read as the element enters the stage)
+        rd_sel = [] if folded else [select(dcs[s]["buf"], f"rd_sel{s}") for s in range(MAX_OPS)]
         e2a, v2a = Signal(in_lay, reset_less=True), Signal()
         p2a = Signal(signed(len(p1)), reset_less=True)     # p1 >> (dq_rshm1 & ~7)
         p1s = Signal(INT32, reset_less=True)                # sat32(p1); dq_lsh <= 32: no 95-bit shifter
@@ -389,7 +430,7 @@ class Epilogue(wiring.Component):
         with m.If(adv):
             m.d.sync += v2a.eq(v1)
             m.d.sync += _load(v1, [(e2a, e1), (p2a, p1 >> Cat(Const(0, 3), dq_rshm1[3:])), (p1s, _sat32(p1)),
-                                   (rd2a, rd_sel[0])])
+                                   *([] if folded else [(rd2a, rd_sel[0])])])
 
         # E2b: the rest of the right shift (0-7) and the rounding bit below it, or the saturated left shift
         e2, v2 = Signal(in_lay, reset_less=True), Signal()
@@ -410,7 +451,7 @@ class Epilogue(wiring.Component):
         rd2 = Signal(INT32, reset_less=True)
         with m.If(adv):
             m.d.sync += v2.eq(v2a)
-            m.d.sync += _load(v2a, [(e2, e2a), (q2, q_next), (inc2, inc_next), (rd2, rd2a)])
+            m.d.sync += _load(v2a, [(e2, e2a), (q2, q_next), (inc2, inc_next), *([] if folded else [(rd2, rd2a)])])
 
         # E3: the rounding increment and sat32
         e3, v3 = Signal(in_lay, reset_less=True), Signal()
@@ -418,69 +459,146 @@ class Epilogue(wiring.Component):
         rd3 = Signal(INT32, reset_less=True)
         with m.If(adv):
             m.d.sync += v3.eq(v2)
-            m.d.sync += _load(v2, [(e3, e2), (r0_3, Mux(cfg.raw, e2.value, _sat32_inc(q2, inc2))), (rd3, rd2)])
+            m.d.sync += _load(v2, [(e3, e2), (r0_3, Mux(cfg.raw, e2.value, _sat32_inc(q2, inc2))),
+                                   *([] if folded else [(rd3, rd2)])])
 
         # stage 0 input: the register file
-        e_in, v_in = _Elem("e_in", ib), Signal()
+        e_in, v_in = _Elem("e_in", ib, folded), Signal()
         val0 = Signal(INT32, reset_less=True)
-        with m.If(adv):
-            m.d.sync += v_in.eq(v3)
-            m.d.sync += _load(v3, [(e_in.index, e3.index), (e_in.last, e3.last), (e_in.r[0], r0_3),
-                                   (e_in.r[1], e3.value), (e_in.r[2], 0), (e_in.r[3], 0), (val0, rd3)])
-        # stage s's operand, selected at E2, arrives STAGE_LATENCY * s advances after stage 0's
-        vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 3 + STAGE_LATENCY * s, rd_sel[s])
-                         for s in range(1, MAX_OPS)]
+        entry = [(e_in.r[0], r0_3), (e_in.r[1], e3.value), (e_in.r[2], 0), (e_in.r[3], 0),
+                 (e_in.index, e3.index), (e_in.last, e3.last)]   # the order of _Elem.pairs
+        accs, sats, fins = [], [], []
+        if not folded:
+            with m.If(adv):
+                m.d.sync += v_in.eq(v3)
+                m.d.sync += _load(v3, [*entry, (val0, rd3)])
+            # stage s's operand, selected at E2, arrives STAGE_LATENCY * s advances after stage 0's
+            vals = [val0] + [_delay_line(m, f"rd_delay{s}", wp, adv, 3 + STAGE_LATENCY * s, rd_sel[s])
+                             for s in range(1, MAX_OPS)]
 
-        # -------------------------------------------------------------------------------- stages
-        accs, sats, fins, avals = [], [], [], []
-        for s in range(MAX_OPS):
-            e_in, v_in, a, acc, sat, fin = self._stage(stage_mods[s], s, dcs[s], e_in, v_in, vals[s],
-                                                       roms[s // 2].read_port(), adv)
-            avals.append(a)
-            accs.append(acc)
-            sats.append(sat)
-            fins.append(fin)
-        ex, vx = e_in, v_in  # the exit register
+            # ---------------------------------------------------------------------------- stages
+            avals = []
+            for s in range(MAX_OPS):
+                sm = stage_mods[s]
+                st = self._stage(sm, s, dcs, e_in, v_in, vals[s], roms[s // 2].read_port(), adv)
+                e9, v9, f = st.es[9], st.vs[9], st.field
+                acc, sat, cy = self._reducer(sm, f"s{s}", adv & v9 & f(9, "ssq"), st.pb, adv & v9 & f(9, "amax"),
+                                             st.mag)
+                fin0 = Signal(name=f"s{s}_fin0")
+                with sm.If(adv & v9 & e9.last):
+                    sm.d.sync += fin0.eq(1)
+                with sm.If(self.start):
+                    sm.d.sync += fin0.eq(0)
+                fin = Signal(name=f"s{s}_fin")
+                sm.d.comb += fin.eq(fin0 & ~cy)
+                avals.append(st.a1)
+                accs.append(acc)
+                sats.append(sat)
+                fins.append(fin)
+                e_in, v_in = st.eo, st.vo
+            ex, vx = e_in, v_in  # the exit register
+
+            # -------------------------------------- ST, OUT and ARGMAX values: delay memories to the exit
+            def sink(name, conds):
+                """The value of operand ``a`` of the last stage whose ``conds`` holds, delayed from that
+                stage's second cycle (its register ``a1``) to the exit; and whether any stage's holds (a
+                property of the program)."""
+                sel_c, en_c = Signal(range(MAX_OPS), name=f"{name}_stage_c"), Signal(name=f"{name}_en_c")
+                for s, c in enumerate(conds):
+                    with m.If(c):
+                        m.d.comb += [sel_c.eq(s), en_c.eq(1)]
+                sel = Signal(range(MAX_OPS), name=f"{name}_stage", reset_less=True)
+                en = Signal(name=f"{name}_en", reset_less=True)
+                offset = Signal(range(_DELAY_DEPTH), name=f"{name}_delay", reset_less=True)
+                # the delay from stage s's a1 to the exit (a table: no multiplier)
+                delays = Array([Const(MAX_OPS * STAGE_LATENCY - 2 - s * STAGE_LATENCY, range(_DELAY_DEPTH))
+                                for s in range(MAX_OPS)])
+                m.d.sync += [sel.eq(sel_c), en.eq(en_c), offset.eq(delays[sel_c])]
+                src = Signal(INT32, name=f"{name}_src")
+                m.d.comb += src.eq(Array(avals)[sel])
+                return _delay_line(m, f"{name}_delay", wp, adv, offset, src), en
+
+            wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (dc["buf"] == buf) for dc in dcs])
+                  for buf in WRITE_BUFFERS]
+            out, out_en = sink("out", [dc["out"] for dc in dcs])
+            am, am_en = sink("am", [dc["argmax"] for dc in dcs])
+            # the exit: writes, logit and argmax of the element leaving the last stage
+            sink_v, sink_index = vx, ex.index
+            wr_en = [en_k for _, en_k in wr]
+            wr_data = [data_k for data_k, _ in wr]
+            leaving = vx & ex.last                      # the last element leaves (with ``adv``)
+        else:
+            # ----------------------------------------------------------------- the ring (folded)
+            # One stage; an element leaving its c9 (into c10, ``eo``) re-enters c0 for its next micro-op slot
+            # while it has one (``loop``); otherwise c0 takes the entry's element. The ring has
+            # STAGE_LATENCY + 1 = 11 registers; an element accepted now reaches c0 after ENTRY_LATENCY = 6
+            # advances, when the ring slot now in c5 gets there: it is admitted only if that slot is empty
+            # or its element is in its last pass (it leaves at c10 instead of looping).
+            last_k = Signal(range(MAX_OPS), reset_less=True)   # the last slot: max(n_ops, 1) - 1 (NOPs beyond 8)
+            m.d.sync += last_k.eq(Mux(cfg.n_ops == 0, 0, Mux(cfg.n_ops > MAX_OPS, MAX_OPS - 1, cfg.n_ops - 1)))
+            loop, k_in = Signal(), Signal(range(MAX_OPS))
+            sm = stage_mods[0]
+            st = self._stage(sm, 0, dcs, e_in, v_in, val0, roms[0].read_port(), adv, k_in=k_in)
+            es, vs, eo, vo = st.es, st.vs, st.eo, st.vo
+            m.d.comb += [loop.eq(vo & (eo.k != last_k)), k_in.eq(Mux(loop, eo.k + 1, 0)),
+                         admit.eq(~(vs[5] & (es[5].k != last_k)))]
+            with m.If(adv):
+                m.d.sync += v_in.eq(loop | v3)
+                m.d.sync += [dst.eq(Mux(loop, src_l, Mux(v3, src_e, dst)))
+                             for (dst, src_l), (_, src_e) in zip(e_in.pairs(eo)[:6], entry, strict=True)]
+                m.d.sync += e_in.k.eq(k_in)
+            # buffer operands: every pass reads the buffer of the slot it executes, at the element's index,
+            # as the element moves into the ring's c10 (looping) or into E3 (entering), one cycle ahead of
+            # c0; the two never both enter c0
+            loop9 = Signal()
+            m.d.comb += loop9.eq(vs[9] & (es[9].k != last_k))
+            bufs = [Value.cast(dc["buf"]) for dc in dcs]
+            nbuf = Signal(len(bufs[0]), name="next_buf", reset_less=True)
+            with m.If(adv):
+                m.d.sync += nbuf.eq(Mux(loop9, Array([*bufs[1:], Const(Buffer.NONE.value, len(nbuf))])[es[9].k],
+                                        bufs[0]))
+            for p in rd_ports:
+                m.d.comb += [p.addr.eq(Mux(loop9, es[9].index, e2.index)), p.en.eq(adv)]
+            with m.If(adv):
+                m.d.sync += val0.eq(select(nbuf, "rd_next"))
+            # reductions: one accumulator per micro-op slot, fed by the passes that execute it
+            e9, v9, f = es[9], vs[9], st.field
+            for s in range(MAX_OPS):
+                here = adv & v9 & (e9.k == s)
+                acc, sat, cy = self._reducer(sm, f"slot{s}", here & f(9, "ssq"), st.pb, here & f(9, "amax"),
+                                             st.mag)
+                accs.append(acc)
+                sats.append(sat)
+                fins.append(cy)     # completed below
+            fin0 = Signal(name="fin0")
+            with m.If(adv & v9 & e9.last & (e9.k == last_k)):
+                m.d.sync += fin0.eq(1)
+            with m.If(self.start):
+                m.d.sync += fin0.eq(0)
+            fins = [fin0 & ~cy for cy in fins]
+            # ST, OUT and ARGMAX act in the pass's c1 (elements pass every slot in order)
+            f1 = st.field
+            sink_v, sink_index = vs[1], es[1].index
+            wr_en = [f1(1, "st") & (f1(1, "buf") == buf) for buf in WRITE_BUFFERS]
+            wr_data = [st.a1] * len(WRITE_BUFFERS)
+            out, out_en = st.a1, f1(1, "out")
+            am, am_en = st.a1, f1(1, "argmax")
+            leaving = v9 & e9.last & (e9.k == last_k)
         self._stage_accs = accs  # white-box access for the saturation test (tests/hw/test_epilogue.py)
 
-        # ------------------------------------------ ST, OUT and ARGMAX values: delay memories to the exit
-        def sink(name, conds):
-            """The value of operand ``a`` of the last stage whose ``conds`` holds, delayed from that stage's
-            second cycle (its register ``a1``) to the exit; and whether any stage's holds (a property of the
-            program)."""
-            sel_c, en_c = Signal(range(MAX_OPS), name=f"{name}_stage_c"), Signal(name=f"{name}_en_c")
-            for s, c in enumerate(conds):
-                with m.If(c):
-                    m.d.comb += [sel_c.eq(s), en_c.eq(1)]
-            sel = Signal(range(MAX_OPS), name=f"{name}_stage", reset_less=True)
-            en = Signal(name=f"{name}_en", reset_less=True)
-            offset = Signal(range(_DELAY_DEPTH), name=f"{name}_delay", reset_less=True)
-            # the delay from stage s's a1 to the exit (a table: no multiplier)
-            delays = Array([Const(MAX_OPS * STAGE_LATENCY - 2 - s * STAGE_LATENCY, range(_DELAY_DEPTH))
-                            for s in range(MAX_OPS)])
-            m.d.sync += [sel.eq(sel_c), en.eq(en_c), offset.eq(delays[sel_c])]
-            src = Signal(INT32, name=f"{name}_src")
-            m.d.comb += src.eq(Array(avals)[sel])
-            return _delay_line(m, f"{name}_delay", wp, adv, offset, src), en
-
-        wr = [sink(f"wr_{buf.name.lower()}", [dc["st"] & (dc["buf"] == buf) for dc in dcs])
-              for buf in WRITE_BUFFERS]
-        out, out_en = sink("out", [dc["out"] for dc in dcs])
-        am, am_en = sink("am", [dc["argmax"] for dc in dcs])
-
-        # ---------------------------------------------------------------------------------- exit
-        stall = vx & out_en & ~self.logits.ready
+        # ----------------------------------------------------- writes, logits and argmax (the exit or c1)
+        stall = sink_v & out_en & ~self.logits.ready
         fire = Signal()
-        m.d.comb += [adv.eq(~stall), fire.eq(vx & adv),
-                     self.logits.valid.eq(vx & out_en), self.logits.payload.eq(out)]
-        for (data_k, en_k), p in zip(wr, wr_ports, strict=True):
-            m.d.comb += [p.addr.eq(ex.index), p.data.eq(data_k), p.en.eq(fire & en_k)]
+        m.d.comb += [adv.eq(~stall), fire.eq(sink_v & adv),
+                     self.logits.valid.eq(sink_v & out_en), self.logits.payload.eq(out)]
+        for data_k, en_k, p in zip(wr_data, wr_en, wr_ports, strict=True):
+            m.d.comb += [p.addr.eq(sink_index), p.data.eq(data_k), p.en.eq(fire & en_k)]
 
         am_seen = Signal()
         with m.If(fire & am_en):
             m.d.sync += am_seen.eq(1)
             with m.If(~am_seen | (am > self.argmax_value)):
-                m.d.sync += [self.argmax_index.eq(ex.index), self.argmax_value.eq(am)]
+                m.d.sync += [self.argmax_index.eq(sink_index), self.argmax_value.eq(am)]
 
         # --------------------------------------------------- reductions: fold the stage accumulators
         # stage k's accumulator into regs[reg] once it is final: a stage without a reduction is passed in a
@@ -498,7 +616,7 @@ class Epilogue(wiring.Component):
         ssq_f, reg_f = Signal(reset_less=True), Signal(3, reset_less=True)
         lo_f, c_f = Signal(32, reset_less=True), Signal(reset_less=True)
         hgt_f, heq_f, lgt_f = Signal(reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
-        with m.If(fire & ex.last):
+        with m.If(adv & leaving):
             m.d.sync += last_out.eq(1)
         with m.Switch(ph):
             with m.Case(0):
@@ -593,25 +711,71 @@ class Epilogue(wiring.Component):
                   rs_one=rs_one, idx_lo=idx_lo, idx_hi=idx_hi)
         return dc
 
-    def _stage(self, m: Module, s: int, dc: dict, e_in: _Elem, v_in, val, rom_port, adv):
-        """Stage ``s``: executes ``cfg.ops[s]`` in :data:`STAGE_LATENCY` cycles ``c0..c9``; ``val`` is its buffer
+    def _reducer(self, m: Module, name: str, ssq_take, pb, amax_take, mag):
+        """A reduction accumulator (unsigned 64): SSQ adds ``pb >> SSQ_SHIFT`` while ``ssq_take``, AMAX takes
+        ``max(acc, mag)`` while ``amax_take``; cleared by ``start``. Returns ``(acc, sat, cy)``.
+
+        SSQ adds in two 32-bit halves, the low half's carry entering the high half one cycle later (a pending
+        carry ``cy`` is added in the next cycle, with or without a new term); an overflow of the high half sets
+        ``sat`` (the sum only grows, so the golden device's saturated sum is ``2**64 - 1`` from then on). AMAX:
+        ``acc < 2**32`` whenever the program has written it.
+        """
+        acc = Signal(unsigned(64), name=f"{name}_acc")
+        cy, sat = Signal(name=f"{name}_cy"), Signal(name=f"{name}_sat")
+        term = pb[nx.SSQ_SHIFT:63]
+        lo_sum = acc[:32] + Mux(ssq_take, term[:32], 0)
+        hi_sum = _add_cin(acc[32:], Mux(ssq_take, term[32:], 0), cy)
+        with m.If(ssq_take | cy):
+            m.d.sync += [acc.eq(Cat(lo_sum[:32], hi_sum[:32])), cy.eq(lo_sum[32])]
+            with m.If(hi_sum[32]):
+                m.d.sync += sat.eq(1)
+        with m.If(amax_take & (acc[32:] == 0) & (mag > acc[:32])):
+            m.d.sync += acc.eq(mag)
+        with m.If(self.start):
+            m.d.sync += [acc.eq(0), cy.eq(0), sat.eq(0)]
+        return acc, sat, cy
+
+    def _stage(self, m: Module, s: int, dcs: list, e_in: _Elem, v_in, val, rom_port, adv, k_in=None):
+        """Stage ``s``: executes a micro-op in :data:`STAGE_LATENCY` cycles ``c0..c9``; ``val`` is its buffer
         operand (a register holding it while the element is at ``e_in``).
 
-        Returns the output element (the next stage's input), its valid bit, the register ``a1`` (operand ``a``,
-        the value of ST, OUT and ARGMAX, one advance after the element was at ``e_in``), the stage's reduction
-        accumulator (unsigned 64), its saturation flag (SSQ) and its ``fin`` flag (the last element has passed
-        and the accumulator is final).
+        Unfolded (``k_in`` None) the stage executes ``cfg.ops[s]``, decoded in ``dcs[s]``. Folded, the element
+        carries the slot ``k`` it executes in this pass (``e_in.k``, loaded from ``k_in``), and every decoded
+        field a cycle ``c_j`` uses is a register loaded, as the element moves into ``c_j``, from
+        ``dcs[k][field]`` (an 8-way multiplexer before the register, never on the datapath).
+
+        Returns a namespace: ``eo``/``vo`` the output element (the next stage's input, or the folded ring's
+        last register ``c10``) and its valid bit; ``es``/``vs`` the elements of ``c0..c10``; ``a1`` operand
+        ``a`` in ``c1`` (the value of ST, OUT and ARGMAX); ``pb`` product B and ``mag`` ``|w|`` in ``c9`` (the
+        reductions' terms); ``field(j, name)`` the decoded field of the element in ``c_j``.
         """
         ib = self._index_bits
-        op = dc["op"]
+        folded = k_in is not None
         n = STAGE_LATENCY
 
         def reg(shape, name):
             return Signal(shape, name=f"s{s}_{name}", reset_less=True)
 
         # es[j], vs[j]: the element in cycle c_j and its valid bit (es[0] = e_in; es[n]: the stage's output)
-        es = [e_in] + [_Elem(f"s{s}_e{j}", ib) for j in range(1, n + 1)]
+        es = [e_in] + [_Elem(f"s{s}_e{j}", ib, folded) for j in range(1, n + 1)]
         vs = [v_in] + [Signal(name=f"s{s}_v{j}") for j in range(1, n + 1)]
+        fields = {}
+        if folded:
+            # the field registers' loads live in a module of their own: a field first used inside a Switch
+            # case must not load only in that case
+            m.submodules.fields = fm = Module()
+
+        def field(j, name):
+            """The decoded field ``name`` of the micro-op the element in ``c_j`` executes."""
+            if not folded:
+                return dcs[s][name]
+            if (j, name) not in fields:
+                src = Array([Value.cast(dc[name]) for dc in dcs])[k_in if j == 0 else es[j - 1].k]
+                r = Signal(Value.cast(dcs[0][name]).shape(), name=f"s{s}_{name}_c{j}", reset_less=True)
+                with fm.If(adv):
+                    fm.d.sync += r.eq(src)
+                fields[j, name] = r
+            return fields[j, name]
 
         def advance(j, pairs, elem=True):
             """End of cycle c_j: the element (if ``elem``) and ``pairs`` move into c_{j+1}'s registers."""
@@ -626,9 +790,9 @@ class Epilogue(wiring.Component):
 
         # ---- c0: operands; negation (SIGNEG); the adder ALU's exact sum (ADD, SUB, ADDV, RSUB1; LD passes val)
         a, b = Signal(INT32, name=f"s{s}_a"), Signal(INT32, name=f"s{s}_b")
-        m.d.comb += [a.eq(Array(e_in.r)[dc["asel"]]), b.eq(Array(e_in.r)[dc["bsel"]])]
+        m.d.comb += [a.eq(Array(e_in.r)[field(0, "asel")]), b.eq(Array(e_in.r)[field(0, "bsel")])]
         alu = Signal(signed(34), name=f"s{s}_alu")
-        with m.Switch(op):
+        with m.Switch(field(0, "op")):
             with m.Case(M.ADD):
                 m.d.comb += alu.eq(a + b)
             with m.Case(M.SUB):
@@ -636,33 +800,35 @@ class Epilogue(wiring.Component):
             with m.Case(M.ADDV):
                 m.d.comb += alu.eq(a + val)
             with m.Case(M.RSUB1):
-                m.d.comb += alu.eq(dc["rs_one"] - a)
+                m.d.comb += alu.eq(field(0, "rs_one") - a)
             with m.Default():
                 m.d.comb += alu.eq(val)
-        r1, p = regs(1, a=a, x=Mux(dc["neg"], _sat32(-a), a), bm=Mux(dc["mul"], b, val), alu=alu)
+        r1, p = regs(1, a=a, x=Mux(field(0, "neg"), _sat32(-a), a), bm=Mux(field(0, "mul"), b, val), alu=alu)
         advance(0, p)
         a1 = r1["a"]
 
         # ---- c1: sigmoid input clamp -> LUT address and fraction; sat32 of the ALU sum
         x1 = r1["x"]
-        below = dc["clamp"] & x1[31] & (~x1 & dc["hmask"]).any()
-        above = dc["clamp"] & ~x1[31] & (x1 & dc["hmask"]).any()
+        below = field(1, "clamp") & x1[31] & (~x1 & field(1, "hmask")).any()
+        above = field(1, "clamp") & ~x1[31] & (x1 & field(1, "hmask")).any()
         u = Signal(INT32, name=f"s{s}_u")
-        m.d.comb += u.eq(Mux(below, dc["lo"], Mux(above, dc["hi"], x1)))
+        m.d.comb += u.eq(Mux(below, field(1, "lo"), Mux(above, field(1, "hi"), x1)))
         # the LUT address of u (clamped inputs: the precomputed addresses of the bounds, so that the shifter
         # works on x in parallel with the clamp test)
         idx = Signal(self._seg, name=f"s{s}_idx")
-        m.d.comb += idx.eq(Mux(below, dc["idx_lo"],
-                               Mux(above, dc["idx_hi"], (x1 >> dc["step"]) + (1 << (self._seg - 1)))))
+        m.d.comb += idx.eq(Mux(below, field(1, "idx_lo"),
+                               Mux(above, field(1, "idx_hi"), (x1 >> field(1, "step")) + (1 << (self._seg - 1)))))
         m.d.comb += [rom_port.addr.eq(idx), rom_port.en.eq(adv & vs[1])]
         simple = Signal(INT32, name=f"s{s}_simple")
-        m.d.comb += simple.eq(Mux(dc["rs_big"], _I32_MAX, _sat32(r1["alu"])))
-        r2, p = regs(2, a=a1, bm=r1["bm"], f=(u & dc["mask"])[:32].as_signed(), bigneg=dc["big"] & u[31], simple=simple)
+        m.d.comb += simple.eq(Mux(field(1, "rs_big"), _I32_MAX, _sat32(r1["alu"])))
+        r2, p = regs(2, a=a1, bm=r1["bm"], f=(u & field(1, "mask"))[:32].as_signed(),
+                     bigneg=field(1, "big") & u[31], simple=simple)
         advance(1, p)
 
         # ---- c2: LUT data {t0, d}; operands of product A; the sigmoid base t0 (+ d for the wrapped fraction)
         t0, d = rom_port.data.t0, rom_port.data.d
-        r3, p = regs(3, a=r2["a"], ma=Mux(dc["sig"], d, r2["a"]), mb=Mux(dc["sig"], r2["f"], r2["bm"]),
+        sig2 = field(2, "sig")
+        r3, p = regs(3, a=r2["a"], ma=Mux(sig2, d, r2["a"]), mb=Mux(sig2, r2["f"], r2["bm"]),
                      tb=t0 + Mux(r2["bigneg"], d, 0), simple=r2["simple"])
         advance(2, p)
 
@@ -677,18 +843,20 @@ class Epilogue(wiring.Component):
         # below it (bit sh - 1; none for sh = 0); |pa| <= 2**62, so the quotient fits 64 bits
         pa = r5["pa"].as_signed()
         t = Signal(signed(64), name=f"s{s}_t")
-        m.d.comb += t.eq(pa >> dc["shm1"])
+        m.d.comb += t.eq(pa >> field(5, "shm1"))
+        sh0 = field(5, "sh0")
         r6, p = regs(6, a=r5["a"], tb=r5["tb"], simple=r5["simple"],
-                     q=Mux(dc["sh0"], pa, t[1:].as_signed()).as_signed(), inc=~dc["sh0"] & t[0])
+                     q=Mux(sh0, pa, t[1:].as_signed()).as_signed(), inc=~sh0 & t[0])
         advance(5, p)
 
         # ---- c6: the rounding increment; sigmoid: tb + correction (mod 2**32, the increment as carry in); else
         # sat32; operands of product B (SiLU's a * sigmoid(a), SSQ's w * w)
         q6, a6 = r6["q"].as_signed(), r6["a"].as_signed()
         y = Signal(INT32, name=f"s{s}_y")
-        m.d.comb += y.eq(Mux(dc["sig"], _add_cin(r6["tb"], q6[:32], r6["inc"])[:32], _sat32_inc(q6, r6["inc"])))
-        r7, p = regs(7, y=y, w=Mux(dc["wnone"], a6, y), bx=Mux(dc["silu"] | dc["wnone"], a6, y),
-                     by=Mux(~dc["silu"] & dc["wnone"], a6, y), simple=r6["simple"])
+        wnone, silu = field(6, "wnone"), field(6, "silu")
+        m.d.comb += y.eq(Mux(field(6, "sig"), _add_cin(r6["tb"], q6[:32], r6["inc"])[:32], _sat32_inc(q6, r6["inc"])))
+        r7, p = regs(7, y=y, w=Mux(wnone, a6, y), bx=Mux(silu | wnone, a6, y), by=Mux(~silu & wnone, a6, y),
+                     simple=r6["simple"])
         advance(6, p)
 
         # ---- c7, c8: product B (partial products, then their sum); |w| for AMAX
@@ -699,11 +867,11 @@ class Epilogue(wiring.Component):
         r9, p = regs(9, y=r8["y"], simple=r8["simple"], mag=r8["mag"], pb=_mul_sum(r8["pl"], r8["ph"], r8["pm"]))
         advance(8, p)
 
-        # ---- c9: result into r[dst]; reductions into the stage accumulator
+        # ---- c9: result into r[dst] (the reductions' terms go to the caller's accumulators)
         e9, v9, pb = es[9], vs[9], r9["pb"].as_signed()
         res = Signal(INT32, name=f"s{s}_res")
         wdst = Signal(name=f"s{s}_wdst")
-        with m.Switch(op):
+        with m.Switch(field(9, "op")):
             with m.Case(M.LD, M.ADD, M.SUB, M.ADDV, M.RSUB1):
                 m.d.comb += [res.eq(r9["simple"]), wdst.eq(1)]
             with m.Case(M.MUL, M.MULV, M.SIG, M.SIGNEG):
@@ -712,30 +880,7 @@ class Epilogue(wiring.Component):
                 # (pb + 2**(GATE_FRAC - 1)) >> GATE_FRAC, rounded as in c5
                 m.d.comb += [res.eq(_sat32_inc(pb[nx.GATE_FRAC:].as_signed(), pb[nx.GATE_FRAC - 1])), wdst.eq(1)]
         eo = es[n]
-        advance(9, [(eo.index, e9.index), (eo.last, e9.last),
-                    *((eo.r[j], Mux(wdst & (dc["dst"] == j), res, e9.r[j])) for j in range(4))], elem=False)
+        advance(9, [(eo.index, e9.index), (eo.last, e9.last), *([(eo.k, e9.k)] if folded else []),
+                    *((eo.r[j], Mux(wdst & (field(9, "dst") == j), res, e9.r[j])) for j in range(4))], elem=False)
 
-        # SSQ: acc += pb >> SSQ_SHIFT in two 32-bit halves, the low half's carry entering the high half one cycle
-        # later (a pending carry is added in the next cycle, with or without a new term); an overflow of the
-        # high half sets ``sat`` (the sum only grows, so the golden device's saturated sum is 2**64 - 1 from
-        # then on). AMAX: acc = max(acc, |w|) (acc < 2**32 whenever the program has written it).
-        acc = Signal(unsigned(64), name=f"s{s}_acc")
-        cy, sat, fin0 = Signal(name=f"s{s}_cy"), Signal(name=f"s{s}_sat"), Signal(name=f"s{s}_fin0")
-        term = pb[nx.SSQ_SHIFT:63]
-        take = adv & v9 & dc["ssq"]
-        lo_sum = acc[:32] + Mux(take, term[:32], 0)
-        hi_sum = _add_cin(acc[32:], Mux(take, term[32:], 0), cy)
-        mag = r9["mag"]
-        with m.If(take | cy):
-            m.d.sync += [acc.eq(Cat(lo_sum[:32], hi_sum[:32])), cy.eq(lo_sum[32])]
-            with m.If(hi_sum[32]):
-                m.d.sync += sat.eq(1)
-        with m.If(adv & v9 & dc["amax"] & (acc[32:] == 0) & (mag > acc[:32])):
-            m.d.sync += acc.eq(mag)
-        with m.If(adv & v9 & e9.last):
-            m.d.sync += fin0.eq(1)
-        with m.If(self.start):
-            m.d.sync += [acc.eq(0), cy.eq(0), sat.eq(0), fin0.eq(0)]
-        fin = Signal(name=f"s{s}_fin")
-        m.d.comb += fin.eq(fin0 & ~cy)
-        return eo, vs[n], a1, acc, sat, fin
+        return SimpleNamespace(eo=eo, vo=vs[n], es=es, vs=vs, a1=a1, pb=pb, mag=r9["mag"], field=field)

@@ -79,6 +79,11 @@ class Accelerator(wiring.Component):
     weight_fifo_beats : int
         Depth (beats) of channel 0's weight FIFO (>= 16): how far channel 0 may run ahead of its lanes, so
         that the next instruction's header and constants stream while the current GEMV still computes.
+    epilogue_folded : bool
+        The epilogue's folded form (:class:`hw.epilogue.Epilogue` ``folded``): one micro-op stage that each
+        element passes once per micro-op, taking an element every ``n_ops`` cycles instead of every cycle, at
+        about an eighth of the pipelined form's multipliers and registers (the ECP5 builds,
+        ``hw.boards.ecp5.DEFAULT_PARAMS``). Results are identical.
 
     Attributes
     ----------
@@ -92,7 +97,9 @@ class Accelerator(wiring.Component):
     def __init__(self, *, lanes: int = 16, channels: int = 1, bus_bits: int = 64, quant_lanes: int = 4,
                  packing: TritPacking = TritPacking.BASE3, max_hidden: int = 512, max_intermediate: int = 1024,
                  max_layers: int = 8, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2,
-                 weight_fifo_beats: int = WEIGHT_FIFO_BEATS):
+                 weight_fifo_beats: int = WEIGHT_FIFO_BEATS, epilogue_folded: bool = False):
+        if not isinstance(epilogue_folded, bool):
+            raise TypeError(f"epilogue_folded must be a bool, got {epilogue_folded!r}")
         for name, v in (("lanes", lanes), ("channels", channels), ("bus_bits", bus_bits),
                         ("quant_lanes", quant_lanes), ("max_hidden", max_hidden),
                         ("max_intermediate", max_intermediate), ("max_layers", max_layers),
@@ -118,6 +125,7 @@ class Accelerator(wiring.Component):
         self.max_hidden, self.max_intermediate, self.max_layers = max_hidden, max_intermediate, max_layers
         self.lut_segments_log2 = lut_segments_log2
         self.weight_fifo_beats = weight_fifo_beats
+        self.epilogue_folded = epilogue_folded
         self.max_k = max(max_hidden, max_intermediate)
         members = {f"s_axis_w{c}": Out(AXIStreamSignature(bus_bits)) for c in range(channels)}
         members["m_axis_out"] = In(AXIStreamSignature(32))
@@ -152,7 +160,7 @@ class Accelerator(wiring.Component):
 
         scalar = ScalarUnit()
         quant = Quantizer(quant_lanes=Q, lanes=lpc, max_k=self.max_k)
-        epi = Epilogue(lut_segments_log2=self.lut_segments_log2)
+        epi = Epilogue(lut_segments_log2=self.lut_segments_log2, folded=self.epilogue_folded)
         m.submodules.scalar = reset(scalar)
         m.submodules.quant = reset(quant)
         m.submodules.epilogue = reset(epi)

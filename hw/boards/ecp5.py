@@ -34,9 +34,11 @@ __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "s
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Accelerator parameters of the ECP5 builds: buffers just big enough for the shipped model
-#: (hidden 324, intermediate 868, 6 layers; max_layers a power of two, see host.devices.rtl)
+#: (hidden 324, intermediate 868, 6 layers; max_layers a power of two, see host.devices.rtl), and the folded
+#: epilogue (at 32 lanes or fewer a GEMV row takes at least 11 cycles, more than the 7 micro-ops of the
+#: longest compiled program; the pipelined epilogue's routing congestion is in bitstreams/README.md)
 DEFAULT_PARAMS = {"lanes": 32, "channels": 1, "bus_bits": 64, "quant_lanes": 8, "packing": "base3",
-                  "max_hidden": 324, "max_intermediate": 868, "max_layers": 8}
+                  "max_hidden": 324, "max_intermediate": 868, "max_layers": 8, "epilogue_folded": True}
 
 
 @dataclass(frozen=True)

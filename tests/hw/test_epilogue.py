@@ -288,9 +288,9 @@ class GoldenState:
 
 
 # --------------------------------------------------------------------------------- the simulation
-def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, seed=0):
+def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, seed=0, folded=False):
     """Run ``cases`` back to back in one simulation and check every instruction's results."""
-    h = Harness(lut_segments_log2=seg)
+    h = Harness(lut_segments_log2=seg, folded=folded)
     dut = h.dut
     rng = np.random.default_rng(seed)
     gold = GoldenState(seg)
@@ -313,7 +313,7 @@ def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, see
                 ctx.set(dut._stage_accs[stage], value)
             sent, logits, done_seen, presenting = 0, [], 0, False
             held = None  # logits payload offered but not taken: must stay
-            for _cycle in range(n * 8 + dut.latency + 200):
+            for _cycle in range(n * 8 * dut.interval + dut.latency + 200):
                 if not presenting and sent < n and rng.random() >= idle:
                     ctx.set(dut.i.payload, {"value": int(case.values[sent]), "index": sent, "last": int(sent == n - 1)})
                     ctx.set(dut.i.valid, 1)
@@ -387,23 +387,30 @@ def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, see
 STALLS = [pytest.param(0.0, 0.0, id="streaming"), pytest.param(0.3, 0.4, id="idles+backpressure")]
 
 
+FOLDED = [pytest.param(False, id="pipelined"), pytest.param(True, id="folded")]
+
+
+@pytest.mark.parametrize("folded", FOLDED)
 @pytest.mark.parametrize(("idle", "backpressure"), STALLS)
-def test_micro_ops(idle, backpressure):
+def test_micro_ops(idle, backpressure, folded):
     simulate(op_cases(np.random.default_rng(1), nx.LUT_SEGMENTS_LOG2), idle=idle, backpressure=backpressure,
-             seed=2)
+             seed=2, folded=folded)
 
 
+@pytest.mark.parametrize("folded", FOLDED)
 @pytest.mark.parametrize("seg", [6, 14])
-def test_sigmoid_resolutions(seg):
+def test_sigmoid_resolutions(seg, folded):
     cases = [c for c in op_cases(np.random.default_rng(seg), seg) if any(
         o.op in (M.SIG, M.SIGNEG, M.SILU) for o in c.ops)]
-    simulate(cases, seg=seg, idle=0.1, backpressure=0.1, seed=seg)
+    simulate(cases, seg=seg, idle=0.1, backpressure=0.1, seed=seg, folded=folded)
 
 
+@pytest.mark.parametrize("folded", FOLDED)
 @pytest.mark.parametrize("output_gate", ["released", "paper"])
 @pytest.mark.parametrize(("idle", "backpressure"), STALLS)
-def test_compiled_programs(output_gate, idle, backpressure):
-    simulate(program_cases(np.random.default_rng(3), output_gate), idle=idle, backpressure=backpressure, seed=4)
+def test_compiled_programs(output_gate, idle, backpressure, folded):
+    simulate(program_cases(np.random.default_rng(3), output_gate), idle=idle, backpressure=backpressure, seed=4,
+             folded=folded)
 
 
 def test_parameters():
