@@ -84,6 +84,7 @@ __all__ = [
     "EPILOGUE_LATENCY", "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters",
     "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "InstrShape", "ProgramShape",
     "program_shapes", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
+    "epilogue_passes", "epilogue_latency", "FOLDED_ENTRY_LATENCY", "FOLDED_PASS_CYCLES",
 ]
 
 #: the scalar unit per prologue: its command handshake (1) + its latency (hw/scalar.py SCALAR_LATENCY: isqrt of
@@ -93,6 +94,10 @@ RECIP_CYCLES = 33      #: the part of the scalar unit the quantize pass waits fo
 QUANT_LATENCY = 6      #: quantize prologue pipeline (hw/quant.py)
 #: Epilogue pipeline, element in to element out: entry (6) + 10 stages per micro-op slot (hw/epilogue.py)
 EPILOGUE_LATENCY = 6 + 10 * isa.MAX_OPS
+#: The folded epilogue (hw/epilogue.py ``folded``): entry (6), then one pass of its 11-register ring per
+#: micro-op, ``max(n_ops, 1)`` passes; it takes a new element at most every ``max(n_ops, 1)`` cycles
+FOLDED_ENTRY_LATENCY = 6
+FOLDED_PASS_CYCLES = 11
 #: GEMV engine after the adder tree's ceil(log2(lanes_per_channel)) levels: code read, lane terms,
 #: accumulator, output FIFO (hw/gemv.py ``latency = tree_levels + 5``)
 GEMV_LATENCY = 5
@@ -165,6 +170,9 @@ class BuildParams:
         slower than the first row); the dequantization scale is finished during the first rows.
     fifo_beats : int
         Weight FIFO depth per channel in beats (used with ``overlap_headers``).
+    epilogue_folded : bool
+        The folded epilogue (``ID_EPILOGUE`` 1; the ECP5 builds): an element every ``max(n_ops, 1)``
+        cycles, and a drain of ``FOLDED_ENTRY_LATENCY + FOLDED_PASS_CYCLES * max(n_ops, 1)`` cycles.
 
     Raises
     ------
@@ -183,6 +191,7 @@ class BuildParams:
     overlap_prologue: bool = False
     stream_prologue: bool = False
     fifo_beats: int = 1024
+    epilogue_folded: bool = False
 
     def __post_init__(self):
         for name in ("lanes", "channels", "bus_bits", "quant_lanes"):
@@ -198,6 +207,8 @@ class BuildParams:
         for name in SCHEDULE_OPTIONS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.epilogue_folded, bool):
+            raise ValueError(f"epilogue_folded must be a bool, got {self.epilogue_folded!r}")
         if not isinstance(self.fifo_beats, int) or isinstance(self.fifo_beats, bool) or self.fifo_beats < 0:
             raise ValueError(f"fifo_beats must be a non-negative integer, got {self.fifo_beats!r}")
 
@@ -227,10 +238,29 @@ def _beats(nbytes: int, beat_bytes: int) -> int:
     return -(-nbytes // beat_bytes)
 
 
-def drain_cycles(build: BuildParams) -> int:
+def epilogue_passes(build: BuildParams, n_ops: int) -> int:
+    """Cycles per element of the epilogue at full rate for a program of ``n_ops`` micro-ops: 1 pipelined,
+    ``max(n_ops, 1)`` folded (its passes)."""
+    return max(1, min(n_ops, isa.MAX_OPS)) if build.epilogue_folded else 1
+
+
+def epilogue_latency(build: BuildParams, n_ops: int = isa.MAX_OPS) -> int:
+    """Epilogue cycles from an element's entry to its exit for a program of ``n_ops`` micro-ops
+    (:data:`EPILOGUE_LATENCY` pipelined)."""
+    if build.epilogue_folded:
+        return FOLDED_ENTRY_LATENCY + FOLDED_PASS_CYCLES * epilogue_passes(build, n_ops)
+    return EPILOGUE_LATENCY
+
+
+def drain_cycles(build: BuildParams, n_ops: int = isa.MAX_OPS) -> int:
     """GEMV pipeline (adder tree included) plus epilogue pipeline plus ``done``: cycles from a GEMV's last
-    lane cycle to the end of its last epilogue write."""
-    return GEMV_LATENCY + (build.lanes_per_channel - 1).bit_length() + EPILOGUE_LATENCY + DONE_LATENCY
+    lane cycle to the end of its last epilogue write (``n_ops``: the program's micro-ops, for the folded
+    epilogue)."""
+    return GEMV_LATENCY + (build.lanes_per_channel - 1).bit_length() + epilogue_latency(build, n_ops) + DONE_LATENCY
+
+
+def _n_ops(ins) -> int:
+    return ins.n_ops if isinstance(ins, InstrShape) else len(ins.ops)
 
 
 # ------------------------------------------------------------------------------------------- shapes
@@ -240,7 +270,8 @@ class InstrShape:
 
     Attributes match :class:`host.image.Instruction`; ``n_consts`` replaces the ``consts`` list,
     ``stores`` and ``reduces`` replace the micro-ops (the buffers and reduction registers the epilogue
-    writes, which is all the schedule needs to know about them).
+    writes), with their number ``n_ops`` (the folded epilogue's passes): all the schedule needs to know
+    about them.
     """
 
     opcode: Opcode
@@ -255,6 +286,7 @@ class InstrShape:
     ssq_reg: int = 0
     stores: frozenset[Buffer] = frozenset()
     reduces: frozenset[int] = frozenset()
+    n_ops: int = 0
 
     @property
     def consts(self) -> tuple[None, ...]:
@@ -407,21 +439,22 @@ def program_shapes(hidden: int, intermediate: int, n_layers: int, vocab: int, *,
 
     c0 = next_consumers(0)
     prog = [InstrShape(Opcode.LOAD_TOKEN, "load_token", n=H, n_consts=1 + c0, stores=fs({X}),
-                       reduces=fs(range(1 + c0)))]
+                       reduces=fs(range(1 + c0)), n_ops=2 + c0)]
     for li in range(n_layers):
         pre = f"layers.{li}"
         cn = next_consumers(li + 1)
         prog += [
-            InstrShape(G, f"{pre}.attn.i_proj", Q, li, H, H, 0, X, 1, 0, fs({A}), fs()),
-            InstrShape(G, f"{pre}.attn.f_proj", Q, li, H, H, 1, X, 2, 0, fs({SN}), fs()),
+            InstrShape(G, f"{pre}.attn.i_proj", Q, li, H, H, 0, X, 1, 0, fs({A}), fs(), n_ops=2),
+            InstrShape(G, f"{pre}.attn.f_proj", Q, li, H, H, 1, X, 2, 0, fs({SN}), fs(), n_ops=7),
             InstrShape(G, f"{pre}.attn.g_proj", Q, li, H, H, 2 if output_gate == "released" else 1, X, 3, 0,
-                       fs({P}), fs({4, 5})),
-            InstrShape(G, f"{pre}.attn.o_proj", Q, li, H, H, 2, P, 5, 4, fs({X}), fs({6, 7})),
-            InstrShape(G, f"{pre}.mlp.gate_proj[:I]", Q, li, inter, H, 0, X, 7, 6, fs({A}), fs()),
-            InstrShape(G, f"{pre}.mlp.gate_proj[I:]", R, li, inter, H, 1, X, 7, 6, fs({P}), fs({4, 5})),
-            InstrShape(G, f"{pre}.mlp.down_proj", Q, li, H, inter, 1 + cn, P, 5, 4, fs({X}), fs(range(1 + cn))),
+                       fs({P}), fs({4, 5}), n_ops=7 if output_gate == "released" else 5),
+            InstrShape(G, f"{pre}.attn.o_proj", Q, li, H, H, 2, P, 5, 4, fs({X}), fs({6, 7}), n_ops=4),
+            InstrShape(G, f"{pre}.mlp.gate_proj[:I]", Q, li, inter, H, 0, X, 7, 6, fs({A}), fs(), n_ops=2),
+            InstrShape(G, f"{pre}.mlp.gate_proj[I:]", R, li, inter, H, 1, X, 7, 6, fs({P}), fs({4, 5}), n_ops=4),
+            InstrShape(G, f"{pre}.mlp.down_proj", Q, li, H, inter, 1 + cn, P, 5, 4, fs({X}), fs(range(1 + cn)),
+                       n_ops=3 + cn),
         ]
-    prog += [InstrShape(G, "lm_head", Q | L, 0, V, H, 0, X, 1, 0, fs(), fs()),
+    prog += [InstrShape(G, "lm_head", Q | L, 0, V, H, 0, X, 1, 0, fs(), fs(), n_ops=2),
              InstrShape(Opcode.END_TOKEN, "end_token")]
     return ProgramShape(hidden=H, intermediate=inter, n_layers=n_layers, vocab=V, packing=TritPacking(packing),
                         channels=channels, instructions=tuple(prog))
@@ -551,7 +584,8 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 codes_at = pro_start + SCALAR_CYCLES + qc + (0 if build.overlap_headers else QUANT_CMD_CYCLES)
                 quant_free = codes_at
         start = max(codes_at, tl.lanes_free if build.overlap_prologue else tl.done) + (seq // 2)
-        end = start + ins.n   # the epilogue takes one element per cycle
+        passes = epilogue_passes(build, _n_ops(ins))
+        end = start + ins.n * passes   # the epilogue takes an element per cycle (folded: per pass count)
         stall = 0
         for ch, nb in enumerate(channel_block_bytes(ins.n, ins.k, info.channels, info.packing)):
             beats = _beats(nb, beat)
@@ -587,7 +621,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         c[Counter.STREAM_STALLS] = stall
         c[Counter.TRITS] = ins.n * ins.k
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
-        done = end + drain_cycles(build) + (seq - seq // 2)
+        done = end + drain_cycles(build, _n_ops(ins)) + (seq - seq // 2)
         tl.qc_free = start
         tl.quant_free = quant_free
         tl.lanes_free = end
@@ -597,12 +631,13 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         tok = _beats(token_packet_bytes(ins.n), beat)
         c[Counter.STREAM_BEATS] += tok   # the token packet comes on channel 0 too
         start = max(head_done, tl.done)
+        elements = ins.n * epilogue_passes(build, _n_ops(ins))
         if build.overlap_headers:
-            end = start + max(tok, ins.n)   # the token streams through the epilogue, one element per cycle
+            end = start + max(tok, elements)   # the token streams through the epilogue, one element per cycle
         else:
-            end = start + ins.n             # read in with the packet (the header time): one element per cycle
+            end = start + elements             # read in with the packet (the header time): one element per cycle
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
-        done = end + EPILOGUE_LATENCY + DONE_LATENCY
+        done = end + epilogue_latency(build, _n_ops(ins)) + DONE_LATENCY
         new_ch[0] = max(new_ch[0], start + tok)
         tl.lanes_free = done
         tl.qc_free = head_done + 1

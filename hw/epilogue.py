@@ -179,6 +179,10 @@ class Epilogue(wiring.Component):
         ``acc_bits x 27`` bits; a non-raw ``value`` must lie in the signed ``acc_bits`` range.
     index_bits : int, 1..32
         Width of element indices and buffer addresses.
+    folded : bool
+        One micro-op stage that every element passes once per micro-op slot (a ring), instead of
+        :data:`~hw.isa.MAX_OPS` stages in a row: an element every ``max(n_ops, 1)`` cycles instead of every
+        cycle, at an eighth of the stages' multipliers, registers and logic (the ECP5 builds; see the notes).
 
     Raises
     ------
@@ -249,6 +253,16 @@ class Epilogue(wiring.Component):
     step reaches 32 bits the interpolation uses the signed input and adds ``d`` for negative inputs
     (``t0 + ((d * (2**step + x) + h) >> step) = t0 + d + ((d * x + h) >> step)``), which keeps product A at
     32 x 32 bits and is exact where the golden device's int64 product is (and beyond, where it wraps).
+
+    Folded (``folded=True``): the entry as above, then one stage closed into a ring of ``STAGE_LATENCY + 1``
+    registers (c0..c9 and the stage's output c10). An element in c10 with slots left re-enters c0 for slot
+    ``k + 1``; otherwise c0 takes the entry's element. The input is accepted only when the ring slot it will
+    reach after the entry's six advances (the one now in c5) is empty or in its last pass, so the two never
+    meet. Each cycle's decoded fields are registers loaded from slot ``k``'s decode as the element moves in.
+    Buffers are read in the cycle before c10 (looping) or before E3 (entering), ST/OUT/ARGMAX act in c1 (a
+    read after a store is rejected by the image checks either way, docs/ISA.md). One accumulator per slot.
+    Latency
+    :meth:`latency_for`, interval ``max(n_ops, 1)``, :attr:`multipliers` 3, one ROM copy.
 
     Micro-op semantics are those of :class:`hw.isa.MicroOpcode`. Outside what the image checks accept:
     opcodes 16..31 act as NOP, ST to a read-only buffer writes nothing, a buffer operand without a read

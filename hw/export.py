@@ -28,7 +28,7 @@ BUILD_ROOT = HW_DIR.parent / "build"
 DEFAULT_TOP = "mmfree_core"
 
 _PARAMS = ("lanes", "channels", "bus_bits", "quant_lanes", "packing", "max_hidden", "max_intermediate",
-           "max_layers", "lut_segments_log2")
+           "max_layers", "lut_segments_log2", "epilogue_folded")
 
 
 def normalize_params(params: Mapping[str, Any]) -> dict[str, int]:
@@ -118,6 +118,8 @@ def export_verilog(params: Mapping[str, Any], *, top: str = DEFAULT_TOP, out_dir
     kw = dict(p)
     if "packing" in kw:
         kw["packing"] = TritPacking(kw["packing"])
+    if "epilogue_folded" in kw:
+        kw["epilogue_folded"] = bool(kw["epilogue_folded"])
     t0 = time.perf_counter()
     core = Accelerator(**kw)
     text = verilog.convert(core, name=top)

@@ -476,6 +476,7 @@ class RegisterMap:
     ID_MAX_VOCAB: int = 0x24
     ID_QUANT_LANES: int = 0x28     #: codes formed per cycle by the quantize prologue
     ID_ACC_BITS: int = 0x2C
+    ID_EPILOGUE: int = 0x30        #: epilogue form: 0 pipelined (an element a cycle), 1 folded (hw/epilogue.py)
     CTRL: int = 0x40               #: bit 0 start token, bit 1 abort (reset the sequencer), bit 2 logits out
     STATUS: int = 0x44             #: bit 0 busy, bit 1 done, bit 2 error
     ERROR_CAUSE: int = 0x48        #: ErrorCause
@@ -506,7 +507,7 @@ def register_base(platform: str) -> int:
 def id_block_values(*, lanes: int, channels: int, bus_bits: int, packings: Sequence[TritPacking],
                     quant_lanes: int, max_hidden: int = MAX_HIDDEN,
                     max_intermediate: int = MAX_INTERMEDIATE, max_layers: int = MAX_LAYERS,
-                    max_vocab: int = MAX_VOCAB) -> dict[int, int]:
+                    max_vocab: int = MAX_VOCAB, epilogue_folded: bool = False) -> dict[int, int]:
     """The ID block's register values of a build: ``{offset: value}``."""
     r = REGISTER_MAP
     mask = 0
@@ -515,7 +516,8 @@ def id_block_values(*, lanes: int, channels: int, bus_bits: int, packings: Seque
     return {r.ID_MAGIC: ID_MAGIC, r.ID_VERSION: ISA_VERSION, r.ID_LANES: lanes, r.ID_CHANNELS: channels,
             r.ID_BUS_BITS: bus_bits, r.ID_PACKINGS: mask, r.ID_MAX_HIDDEN: max_hidden,
             r.ID_MAX_INTERMEDIATE: max_intermediate, r.ID_MAX_LAYERS: max_layers,
-            r.ID_MAX_VOCAB: max_vocab, r.ID_QUANT_LANES: quant_lanes, r.ID_ACC_BITS: ACC_BITS}
+            r.ID_MAX_VOCAB: max_vocab, r.ID_QUANT_LANES: quant_lanes, r.ID_ACC_BITS: ACC_BITS,
+            r.ID_EPILOGUE: int(epilogue_folded)}
 
 
 def _check_sizes() -> None:

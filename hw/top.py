@@ -137,7 +137,7 @@ class Accelerator(wiring.Component):
         return isa.id_block_values(lanes=self.lanes, channels=self.channels, bus_bits=self.bus_bits,
                                    packings=[self.packing], quant_lanes=self.quant_lanes, max_hidden=self.max_hidden,
                                    max_intermediate=self.max_intermediate, max_layers=self.max_layers,
-                                   max_vocab=isa.MAX_VOCAB)
+                                   max_vocab=isa.MAX_VOCAB, epilogue_folded=self.epilogue_folded)
 
     # ------------------------------------------------------------------------------------------------
     def elaborate(self, platform):  # noqa: C901 - one sequencer, read top to bottom

@@ -28,6 +28,10 @@ from host.perf import (
     BuildParams,
     InstrShape,
     drain_cycles,
+    epilogue_latency,
+    epilogue_passes,
+    FOLDED_ENTRY_LATENCY,
+    FOLDED_PASS_CYCLES,
     instruction_bytes,
     program_shapes,
     roofline,
@@ -99,9 +103,10 @@ def test_shape_fields_are_the_compilers(small, output_gate):
         assert s.name == ins.name
         stores = frozenset(op.buf for op in ins.ops if op.op is MicroOpcode.ST)
         regs = frozenset(op.reg for op in ins.ops if op.op in (MicroOpcode.SSQ, MicroOpcode.AMAX))
-        got = (s.opcode, s.flags, s.layer, s.n, s.k, s.n_consts, s.src, s.amax_reg, s.ssq_reg, s.stores, s.reduces)
+        got = (s.opcode, s.flags, s.layer, s.n, s.k, s.n_consts, s.src, s.amax_reg, s.ssq_reg, s.stores, s.reduces,
+               s.n_ops)
         want = (ins.opcode, ins.flags, ins.layer, ins.n, ins.k, len(ins.consts), ins.src, ins.amax_reg,
-                ins.ssq_reg, stores, regs)
+                ins.ssq_reg, stores, regs, len(ins.ops))
         assert got == want, ins.name
         assert (ins.qconst is not None) == (InstrFlags.QCONST in s.flags)
 
@@ -260,6 +265,28 @@ def test_stream_efficiency_definition():
     assert stream_efficiency(800, 6400, 200, b) == pytest.approx(0.5)        # 100 lane cycles
 
 
+def test_folded_epilogue_model():
+    """The folded epilogue: max(n_ops, 1) cycles an element and 6 + 11 per pass of drain; a token of the
+    shipped shape at 32 lanes costs a little more than with the pipelined epilogue (LOAD_TOKEN's elements and
+    the GEMVs whose rows are shorter than their program), never less."""
+    pipelined, folded = BuildParams(lanes=32, quant_lanes=4), BuildParams(lanes=32, quant_lanes=4, epilogue_folded=True)
+    assert [epilogue_passes(folded, n) for n in (0, 1, 7, 8, 12)] == [1, 1, 7, 8, 8]
+    assert epilogue_passes(pipelined, 7) == 1
+    assert epilogue_latency(folded, 2) == FOLDED_ENTRY_LATENCY + 2 * FOLDED_PASS_CYCLES
+    assert drain_cycles(folded, 7) - drain_cycles(pipelined, 7) == 6 + 77 - EPILOGUE_LATENCY
+    with pytest.raises(ValueError, match="epilogue_folded"):
+        BuildParams(epilogue_folded=1)
+    prog = program_shapes(324, 868, 6, 4096)
+    per_p, tot_p = token_counters(prog.instructions, prog, pipelined)
+    per_f, tot_f = token_counters(prog.instructions, prog, folded)
+    assert tot_p[Counter.EPILOGUE_ELEMENTS] == tot_f[Counter.EPILOGUE_ELEMENTS]
+    assert tot_f[Counter.CYCLES] != tot_p[Counter.CYCLES]
+    assert 0.9 < tot_p[Counter.CYCLES] / tot_f[Counter.CYCLES] < 1.1
+    load = prog.instructions[0]
+    assert per_f[0][Counter.CYCLES] - per_p[0][Counter.CYCLES] == \
+        load.n * (load.n_ops - 1) + epilogue_latency(folded, load.n_ops) - EPILOGUE_LATENCY
+
+
 def test_drain_and_shape_validation():
     assert drain_cycles(BuildParams(lanes=256, channels=4)) == GEMV_LATENCY + 6 + EPILOGUE_LATENCY + DONE_LATENCY
     with pytest.raises(ValueError, match="hidden"):
@@ -283,6 +310,10 @@ def test_latencies_match_the_rtl_components():
         b = BuildParams(lanes=lanes)
         assert gemv.TernaryGemv(lanes=lanes).latency + EPILOGUE_LATENCY + DONE_LATENCY == drain_cycles(b)
     assert EPILOGUE_LATENCY == epilogue.ENTRY_LATENCY + MAX_OPS * epilogue.STAGE_LATENCY
+    folded = BuildParams(epilogue_folded=True)
+    for n_ops in (0, 1, 4, 7, 8):
+        assert epilogue_latency(folded, n_ops) == epilogue.Epilogue(folded=True).latency_for(n_ops)
+        assert epilogue_latency(BuildParams(), n_ops) == epilogue.Epilogue().latency_for(n_ops)
     assert scalar.SCALAR_LATENCY <= SCALAR_CYCLES
     assert quant.QUANT_LATENCY == QUANT_LATENCY
     top = pytest.importorskip("hw.top", reason="hw/top.py does not import")

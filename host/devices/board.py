@@ -48,7 +48,8 @@ def read_id_block(read) -> dict[str, int]:
     names = {R.ID_MAGIC: "magic", R.ID_VERSION: "version", R.ID_LANES: "lanes", R.ID_CHANNELS: "channels",
              R.ID_BUS_BITS: "bus_bits", R.ID_PACKINGS: "packings", R.ID_MAX_HIDDEN: "max_hidden",
              R.ID_MAX_INTERMEDIATE: "max_intermediate", R.ID_MAX_LAYERS: "max_layers",
-             R.ID_MAX_VOCAB: "max_vocab", R.ID_QUANT_LANES: "quant_lanes", R.ID_ACC_BITS: "acc_bits"}
+             R.ID_MAX_VOCAB: "max_vocab", R.ID_QUANT_LANES: "quant_lanes", R.ID_ACC_BITS: "acc_bits",
+             R.ID_EPILOGUE: "epilogue_folded"}
     return {name: int(read(off)) & 0xFFFFFFFF for off, name in names.items()}
 
 
@@ -264,7 +265,7 @@ class BoardDevice(ReplayLogDevice):
 
         b = self.build
         bp = BuildParams(lanes=b["lanes"], channels=b["channels"], bus_bits=b["bus_bits"],
-                         quant_lanes=b["quant_lanes"])
+                         quant_lanes=b["quant_lanes"], epilogue_folded=bool(b.get("epilogue_folded", 0)))
         measured = self._counters["hw_cycles"] / n
         trits = sum(i.n * i.k for i in self.image.instructions if i.opcode is isa.Opcode.GEMV)
         ideal = max(self.image.info.image_bytes / (bp.channels * bp.beat_bytes), trits / bp.lanes)

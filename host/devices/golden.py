@@ -430,7 +430,7 @@ class GoldenDevice(Device):
     ----------
     packing : str or TritPacking
         ``"base3"`` (default) or ``"bits2"``.
-    channels, lanes, bus_bits, quant_lanes, fmax_mhz
+    channels, lanes, bus_bits, quant_lanes, fmax_mhz, epilogue_folded
         Build parameters whose counters are predicted (:class:`host.perf.BuildParams`).
     output_gate : {"released", "paper"}
     """
@@ -439,7 +439,7 @@ class GoldenDevice(Device):
 
     def __init__(self, *, packing: str | isa.TritPacking = "base3", channels: int = 1, lanes: int = 64,
                  bus_bits: int = 64, quant_lanes: int = 8, fmax_mhz: float = 100.0,
-                 output_gate: str = "released") -> None:
+                 output_gate: str = "released", epilogue_folded: bool = False) -> None:
         super().__init__()
         if isinstance(packing, str):
             try:
@@ -450,7 +450,7 @@ class GoldenDevice(Device):
 
         self.options = CompileOptions(packing=packing, channels=channels, output_gate=output_gate)
         self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
-                                 fmax_mhz=fmax_mhz)
+                                 fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
         self.machine: GoldenMachine | None = None
         self._state: np.ndarray | None = None
         self._emb: np.ndarray | None = None

@@ -345,6 +345,9 @@ class RtlDevice(ReplayLogDevice):
         Clock for the cycle model's prediction (:attr:`prediction`).
     progress : bool
         Print a line on stderr before a first (slow) build.
+    epilogue_folded : bool
+        Simulate the core with the folded epilogue (``hw.top.Accelerator`` ``epilogue_folded``, the ECP5
+        builds' form) instead of the pipelined one.
 
     Attributes
     ----------
@@ -366,7 +369,8 @@ class RtlDevice(ReplayLogDevice):
                  packing: str | TritPacking = "base3", max_hidden: int | None = None,
                  max_intermediate: int | None = None, max_layers: int | None = None, output_gate: str = "released",
                  waveform_token: int | None = None, waveform_path: str | Path | None = None,
-                 hang_cycles: int = 100_000, fmax_mhz: float = 100.0, progress: bool = True) -> None:
+                 hang_cycles: int = 100_000, fmax_mhz: float = 100.0, progress: bool = True,
+                 epilogue_folded: bool = False) -> None:
         super().__init__()
         if isinstance(packing, str):
             try:
@@ -388,7 +392,7 @@ class RtlDevice(ReplayLogDevice):
         # validates lanes/channels/bus_bits/quant_lanes the way the cycle model does; the Accelerator
         # checks the rest (lanes per channel 4-256, power-of-two quant_lanes) when it is built
         self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
-                                 fmax_mhz=fmax_mhz)
+                                 fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
         self._caps = {"max_hidden": max_hidden, "max_intermediate": max_intermediate, "max_layers": max_layers}
         self.waveform_token = waveform_token
         self.waveform_path = Path(waveform_path) if waveform_path is not None else None
@@ -432,7 +436,8 @@ class RtlDevice(ReplayLogDevice):
             caps[k] = given if given is not None else v
         b = self.build
         return {"lanes": b.lanes, "channels": b.channels, "bus_bits": b.bus_bits, "quant_lanes": b.quant_lanes,
-                "packing": self.options.packing.value, **caps}
+                "packing": self.options.packing.value, **caps,
+                **({"epilogue_folded": True} if b.epilogue_folded else {})}
 
     def _load(self, weights: ModelWeights) -> None:
         from host.compiler import compile_model
@@ -480,7 +485,8 @@ class RtlDevice(ReplayLogDevice):
         want = isa.id_block_values(lanes=params["lanes"], channels=params["channels"], bus_bits=params["bus_bits"],
                                    packings=[TritPacking(params["packing"])], quant_lanes=params["quant_lanes"],
                                    max_hidden=params["max_hidden"], max_intermediate=params["max_intermediate"],
-                                   max_layers=params["max_layers"], max_vocab=isa.MAX_VOCAB)
+                                   max_layers=params["max_layers"], max_vocab=isa.MAX_VOCAB,
+                                   epilogue_folded=bool(params.get("epilogue_folded", False)))
         got = {off: self.harness.read(off) for off in want}
         bad = {f"0x{o:02x}": (got[o], v) for o, v in want.items() if got[o] != v}
         if got[r.ID_MAGIC] != isa.ID_MAGIC:

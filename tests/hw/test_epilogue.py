@@ -418,6 +418,12 @@ def test_parameters():
     assert dut.latency == 86 and dut.multipliers == 17
     assert dut.lut_rom == (MAX_OPS // 2, 1 << nx.LUT_SEGMENTS_LOG2, 30 + 23)
     assert dut.read_port_name(Buffer.STATE_OLD) == "rd_state_old"
+    f = Epilogue(folded=True)
+    assert not dut.folded and f.folded and dut.interval == 1 and f.interval == MAX_OPS
+    assert f.multipliers == 3 and f.lut_rom[0] == 1 and f.latency == 6 + 11 * MAX_OPS
+    assert [f.latency_for(n) for n in (0, 1, 7, 9)] == [17, 17, 83, 94] and dut.latency_for(2) == 86
+    with pytest.raises(TypeError, match="folded"):
+        Epilogue(folded=1)
     for kw, exc in (({"lut_segments_log2": 5}, ValueError), ({"lut_segments_log2": 15}, ValueError),
                     ({"acc_bits": 33}, ValueError), ({"acc_bits": 1}, ValueError), ({"index_bits": 0}, ValueError),
                     ({"acc_bits": 22.0}, TypeError), ({"index_bits": True}, TypeError),
@@ -428,6 +434,6 @@ def test_parameters():
         Epilogue(10)
 
 
-@pytest.mark.parametrize("params", [{}, {"lut_segments_log2": 6, "acc_bits": 24, "index_bits": 12}])
+@pytest.mark.parametrize("params", [{}, {"lut_segments_log2": 6, "acc_bits": 24, "index_bits": 12}, {"folded": True}])
 def test_verilog(params):
     assert "module epilogue" in verilog.convert(Epilogue(**params), name="epilogue")
