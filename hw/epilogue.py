@@ -882,7 +882,7 @@ class Epilogue(wiring.Component):
         advance(8, p)
 
         # ---- c9: result into r[dst] (the reductions' terms go to the caller's accumulators)
-        e9, v9, pb = es[9], vs[9], r9["pb"].as_signed()
+        e9, pb = es[9], r9["pb"].as_signed()
         res = Signal(INT32, name=f"s{s}_res")
         wdst = Signal(name=f"s{s}_wdst")
         with m.Switch(field(9, "op")):

@@ -77,6 +77,19 @@ def test_place_only_builds_have_their_own_folder():
     assert ecp5.build_tag(core, 50.0, 1) == "l32_q4_f50_s1"
     assert ecp5.build_tag(core, 50.0, 1, place_only=True) == "l32_q4_f50_s1_placed"
     assert ecp5.build_tag(core, 50.0, 2, "router2", 0.6) == "l32_q4_f50_s2_router2_d0.6"
+    assert ecp5.build_tag({**core, "epilogue_folded": False}, 50.0, 1) == "l32_q4_pipelined_f50_s1"
+
+
+def test_ecp5_builds_fold_the_epilogue():
+    """The ECP5 builds use the folded epilogue, and their ID block says so."""
+    from hw import isa
+
+    assert ecp5.DEFAULT_PARAMS["epilogue_folded"] is True
+    top = ecp5.Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=50e6, baud=2_000_000)
+    from hw.top import Accelerator
+
+    core = Accelerator(**top.core_params)
+    assert core.epilogue_folded and core.id_values()[isa.REGISTER_MAP.ID_EPILOGUE] == 1
 
 
 def test_dispatcher_rejects_unknown_boards(capsys):

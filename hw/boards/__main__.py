@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="ECP5: nextpnr's maximum placement density (--placer-heap-beta; its default 0.9)")
     ap.add_argument("--place-only", action="store_true",
                     help="ECP5: stop after placement (no bitstream); report nextpnr's post-placement Fmax estimate")
+    ap.add_argument("--pipelined-epilogue", action="store_true",
+                    help="ECP5: the pipelined epilogue (an element a cycle, 8x its stages) instead of the folded one")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
     ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
@@ -75,17 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         args.router = args.router or chosen.get("router", "router1")
         if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:
             ap.error("several --lanes/--freq-mhz values need --sweep")
+        extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
+        if args.pipelined_epilogue:
+            extra["epilogue_folded"] = False
         try:
             if args.sweep:
                 res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
                                                "router": args.router, "density": args.placer_density,
-                                               "place_only": args.place_only,
-                                               **({"quant_lanes": args.quant_lanes} if args.quant_lanes else {})}
+                                               "place_only": args.place_only, **extra}
                                               for n in lanes for f in freqs], args.out)
                 keys = ("lanes", "target_mhz", "status", "placed_fmax_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")
                 print(json.dumps([{k: r.get(k) for k in keys} for r in res], indent=1))
                 return 0
-            extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
             return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
                               router=args.router, density=args.placer_density, place_only=args.place_only,
                               lanes=lanes[0], **extra)

@@ -260,10 +260,13 @@ ROUTERS = ("router1", "router2")
 def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None,
               place_only: bool = False) -> str:
     """The build folder name of a configuration:
-    ``l<lanes>[_q<quant lanes>]_f<MHz>_s<seed>[_router2][_d<density>][_placed]`` (the quantize lanes only where
-    they differ from :data:`DEFAULT_PARAMS`, the router only when not router1, the placement density only when
-    set, ``_placed`` for a build stopped after placement)."""
+    ``l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>_s<seed>[_router2][_d<density>][_placed]`` (the quantize lanes
+    only where they differ from :data:`DEFAULT_PARAMS`, ``_pipelined`` for the pipelined epilogue, the router
+    only when not router1, the placement density only when set, ``_placed`` for a build stopped after
+    placement)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
+    if not core.get("epilogue_folded", False):
+        q += "_pipelined"
     r = "" if router == "router1" else f"_{router}"
     d = "" if density is None else f"_d{density:g}"
     return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}{d}" + ("_placed" if place_only else "")
@@ -370,6 +373,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
                    + (f" --quant-lanes {core['quant_lanes']}" if q else "") + f" --baud {baud}"
+                   + ("" if core.get("epilogue_folded") else " --pipelined-epilogue")
                    + (f" --router {router}" if router != "router1" else "")
                    + (f" --placer-density {density:g}" if density is not None else "")
                    + (" --place-only" if place_only else ""),
@@ -463,7 +467,9 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
                          "status": f"unreadable report.json ({', '.join(missing)} missing or invalid)"})
             continue
         rows.append({"config": rep_path.parent.name, "lanes": r["lanes"],
-                     "quant_lanes": r.get("params", {}).get("quant_lanes"), "target_mhz": r["target_mhz"],
+                     "quant_lanes": r.get("params", {}).get("quant_lanes"),
+                     "epilogue": "folded" if r.get("params", {}).get("epilogue_folded") else "pipelined",
+                     "target_mhz": r["target_mhz"],
                      "fmax_mhz": r.get("fmax_mhz"), "placed_fmax_mhz": r.get("placed_fmax_mhz"),
                      "timing_met": r.get("timing_met", False),
                      "status": r.get("status"), "lanes_x_target": round(r["lanes"] * r["target_mhz"], 1),
