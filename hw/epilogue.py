@@ -261,8 +261,7 @@ class Epilogue(wiring.Component):
     meet. Each cycle's decoded fields are registers loaded from slot ``k``'s decode as the element moves in.
     Buffers are read in the cycle before c10 (looping) or before E3 (entering), ST/OUT/ARGMAX act in c1 (a
     read after a store is rejected by the image checks either way, docs/ISA.md). One accumulator per slot.
-    Latency
-    :meth:`latency_for`, interval ``max(n_ops, 1)``, :attr:`multipliers` 3, one ROM copy.
+    Latency :meth:`latency_for`, interval ``max(n_ops, 1)``, :attr:`multipliers` 3, one ROM copy.
 
     Micro-op semantics are those of :class:`hw.isa.MicroOpcode`. Outside what the image checks accept:
     opcodes 16..31 act as NOP, ST to a read-only buffer writes nothing, a buffer operand without a read
