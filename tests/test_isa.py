@@ -15,7 +15,7 @@ import pytest
 from amaranth.hdl import Shape
 from amaranth.lib import data
 from amaranth.lib import enum as aenum
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from host.compiler import CompileOptions, Formats, calibrate, compile_model, compile_program
@@ -539,7 +539,12 @@ def test_golden_epilogue_follows_the_per_element_semantics(ops, data_):
             Instruction(Opcode.END_TOKEN)]
     img = assemble(prog, packing=TritPacking.BASE3, channels=1, n_layers=1, hidden=H, intermediate=H, vocab=H,
                    residual_frac=16, state_frac=20, gate_frac=nx.GATE_FRAC, lut_segments_log2=nx.LUT_SEGMENTS_LOG2)
-    m = GoldenMachine(img)
+    try:
+        m = GoldenMachine(img)
+    except ImageError as exc:
+        # a program that reads a buffer after storing to it is not an image (the hazard rule, tested below)
+        assume("after a store" not in str(exc))
+        raise
     state = h[None, :].copy()
     res = m.run_token(make_token_packet(x), state)
     got = parse_output_packet(res.output).logits_acc
