@@ -199,7 +199,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lanes", type=int, default=16, help="lanes (default 16)")
     ap.add_argument("--quant-lanes", type=int, default=4, help="quantize lanes (default 4)")
     ap.add_argument("--limit-ns", type=float, default=20.0, help="group the endpoints above this (default 20: 50 MHz)")
-    ap.add_argument("--netlist", type=Path, default=None, help="analyse this synth_ecp5 JSON netlist instead")
+    ap.add_argument("--netlist", type=Path, default=None,
+                    help="analyse this synth_ecp5 JSON netlist instead (the core's, or a board build's top.json)")
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds for Yosys (default 7200)")
     ap.add_argument("--out", type=Path, default=RESULTS / "timing_proxy.json")
     args = ap.parse_args(argv)
@@ -211,7 +212,12 @@ def main(argv=None) -> int:
         netlist_path, rec = synthesise(params, work, args.timeout)
     else:
         netlist_path = args.netlist
-    result = analyse(json.loads(netlist_path.read_text()), limit_ns=args.limit_ns)
+        rec = {"netlist": str(netlist_path)}
+    netlist = json.loads(netlist_path.read_text())
+    # the core's own netlist has the top "mmfree_core"; a board build's (build/boards/<board>/<tag>/top.json)
+    # has "top", the core with its board around it
+    top = "mmfree_core" if "mmfree_core" in netlist.get("modules", {}) else "top"
+    result = analyse(netlist, top=top, limit_ns=args.limit_ns)
     print(f"worst {result['worst_ns']} ns; {result['over_limit']} of {result['endpoints']} endpoints over "
           f"{args.limit_ns} ns")
     for g in result["groups"][:15]:

@@ -64,3 +64,23 @@ def test_registered_multiplier_starts_a_path():
 def test_hw_line():
     assert _hw_line("/work/main/hw/epilogue.py:534.9-534.40|/x/amaranth/lib/data.py:3") == "epilogue.py:534"
     assert _hw_line("/x/share/techmap.v:339.28-339.64") is None
+
+
+def test_cli_reads_a_board_netlist(tmp_path):
+    """``--netlist`` takes a board build's ``top.json`` (top module ``top``), not only the core's."""
+    import json
+
+    from timing_proxy import main
+
+    cells = {
+        "ff_a": _cell("TRELLIS_FF", DI=("input", [1]), Q=("output", [2])),
+        "lut_1": _cell("LUT4", "/x/hw/top.py:10.1-10.5", A=("input", [2]), Z=("output", [3])),
+        "ff_b": _cell("TRELLIS_FF", "/x/hw/top.py:12.1-12.9", DI=("input", [3]), Q=("output", [4])),
+    }
+    net = tmp_path / "top.json"
+    net.write_text(json.dumps(_netlist(cells)))
+    out = tmp_path / "proxy.json"
+    assert main(["--netlist", str(net), "--limit-ns", "1", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["netlist"] == str(net) and r["endpoints"] == 2 and r["worst_ns"] > 1
+    assert r["groups"][0]["endpoint"] == "top.py:12"
