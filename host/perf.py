@@ -95,8 +95,9 @@ QUANT_LATENCY = 6      #: quantize prologue pipeline (hw/quant.py)
 #: Epilogue pipeline, element in to element out: entry (6) + 10 stages per micro-op slot (hw/epilogue.py)
 EPILOGUE_LATENCY = 6 + 10 * isa.MAX_OPS
 #: The folded epilogue (hw/epilogue.py ``folded``): entry (6), then one pass of its 11-register ring per
-#: micro-op, ``max(n_ops, 1)`` passes; it takes a new element at most every ``max(n_ops, 1)`` cycles
-FOLDED_ENTRY_LATENCY = 6
+#: micro-op, ``max(n_ops, 1)`` passes, the element leaving at its last pass's c9 (two cycles before that pass
+#: ends: ``Epilogue.latency_for``); it takes a new element every ``max(n_ops, 1)`` cycles on average
+FOLDED_ENTRY_LATENCY = 6 - 2
 FOLDED_PASS_CYCLES = 11
 #: GEMV engine after the adder tree's ceil(log2(lanes_per_channel)) levels: code read, lane terms,
 #: accumulator, output FIFO (hw/gemv.py ``latency = tree_levels + 5``)
@@ -172,7 +173,8 @@ class BuildParams:
         Weight FIFO depth per channel in beats (used with ``overlap_headers``).
     epilogue_folded : bool
         The folded epilogue (``ID_EPILOGUE`` 1; the ECP5 builds): an element every ``max(n_ops, 1)``
-        cycles, and a drain of ``FOLDED_ENTRY_LATENCY + FOLDED_PASS_CYCLES * max(n_ops, 1)`` cycles.
+        cycles, and a drain of ``FOLDED_ENTRY_LATENCY + FOLDED_PASS_CYCLES * max(n_ops, 1)`` cycles (plus
+        two when the last micro-op reduces, not modelled).
 
     Raises
     ------

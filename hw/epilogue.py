@@ -260,8 +260,10 @@ class Epilogue(wiring.Component):
     reach after the entry's six advances (the one now in c5) is empty or in its last pass, so the two never
     meet. Each cycle's decoded fields are registers loaded from slot ``k``'s decode as the element moves in.
     Buffers are read in the cycle before c10 (looping) or before E3 (entering), ST/OUT/ARGMAX act in c1 (a
-    read after a store is rejected by the image checks either way, docs/ISA.md). One accumulator per slot.
-    Latency :meth:`latency_for`, interval ``max(n_ops, 1)``, :attr:`multipliers` 3, one ROM copy.
+    read after a store is rejected by the image checks either way, docs/ISA.md); only the program's last OUT
+    streams and its last ARGMAX counts, as in the pipelined form. One accumulator per slot, folded into
+    ``regs`` as soon as the last element has left that slot's pass. Latency :meth:`latency_for` (``done``
+    follows as above), interval ``max(n_ops, 1)`` on average, :attr:`multipliers` 3, one ROM copy.
 
     Micro-op semantics are those of :class:`hw.isa.MicroOpcode`. Outside what the image checks accept:
     opcodes 16..31 act as NOP, ST to a read-only buffer writes nothing, a buffer operand without a read
@@ -334,16 +336,18 @@ class Epilogue(wiring.Component):
 
     def latency_for(self, n_ops: int) -> int:
         """:attr:`latency` of a program of ``n_ops`` micro-ops: ``ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY``
-        unfolded; folded ``ENTRY_LATENCY + max(n_ops, 1) * (STAGE_LATENCY + 1)`` (the last pass's c10)."""
+        unfolded; folded ``ENTRY_LATENCY - 2 + max(n_ops, 1) * (STAGE_LATENCY + 1)``, to the last pass's c9,
+        where the element leaves (its c0 is ``ENTRY_LATENCY`` cycles after the transfer, each pass 11)."""
         if self._folded:
-            return ENTRY_LATENCY + max(min(n_ops, MAX_OPS), 1) * (STAGE_LATENCY + 1)
+            return ENTRY_LATENCY - 2 + max(min(n_ops, MAX_OPS), 1) * (STAGE_LATENCY + 1)
         return ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY
 
     @property
     def interval(self) -> int:
-        """Worst-case cycles per element at full rate, for a program of :data:`~hw.isa.MAX_OPS` micro-ops: 1
+        """Average cycles per element at full rate, for a program of :data:`~hw.isa.MAX_OPS` micro-ops: 1
         unfolded; folded ``max(n_ops, 1)`` (the ring holds ``STAGE_LATENCY + 1`` elements, each for
-        ``max(n_ops, 1)`` passes)."""
+        ``max(n_ops, 1)`` passes: up to 11 enter back to back, then the ring is full for the rest of their
+        passes)."""
         return MAX_OPS if self._folded else 1
 
     @property
@@ -576,26 +580,38 @@ class Epilogue(wiring.Component):
                 m.d.sync += val0.eq(select(nbuf, "rd_next"))
             # reductions: one accumulator per micro-op slot, fed by the passes that execute it
             e9, v9, f = es[9], vs[9], st.field
+            # reductions: one accumulator per micro-op slot, fed by the passes that execute it; final (``fin``)
+            # once the last element has left that slot's pass (elements pass every slot in order)
             for s in range(MAX_OPS):
                 here = adv & v9 & (e9.k == s)
                 acc, sat, cy = self._reducer(sm, f"slot{s}", here & f(9, "ssq"), st.pb, here & f(9, "amax"),
                                              st.mag)
+                fin0 = Signal(name=f"slot{s}_fin0")
+                with sm.If(here & e9.last):
+                    sm.d.sync += fin0.eq(1)
+                with sm.If(self.start):
+                    sm.d.sync += fin0.eq(0)
                 accs.append(acc)
                 sats.append(sat)
-                fins.append(cy)     # completed below
-            fin0 = Signal(name="fin0")
-            with m.If(adv & v9 & e9.last & (e9.k == last_k)):
-                m.d.sync += fin0.eq(1)
-            with m.If(self.start):
-                m.d.sync += fin0.eq(0)
-            fins = [fin0 & ~cy for cy in fins]
-            # ST, OUT and ARGMAX act in the pass's c1 (elements pass every slot in order)
+                fins.append(fin0 & ~cy)
+
+            def last_slot(name, cond):
+                """The last slot whose decoded ``cond`` holds (as the pipelined form's exit takes the last
+                stage's value: only the program's last OUT streams, only its last ARGMAX counts)."""
+                sel_c, sel = Signal(range(MAX_OPS), name=f"{name}_slot_c"), Signal(range(MAX_OPS), name=f"{name}_slot")
+                for j, dc in enumerate(dcs):
+                    with m.If(dc[cond]):
+                        m.d.comb += sel_c.eq(j)
+                m.d.sync += sel.eq(sel_c)
+                return sel
+
+            # ST, OUT and ARGMAX act in the pass's c1
             f1 = st.field
             sink_v, sink_index = vs[1], es[1].index
             wr_en = [f1(1, "st") & (f1(1, "buf") == buf) for buf in WRITE_BUFFERS]
             wr_data = [st.a1] * len(WRITE_BUFFERS)
-            out, out_en = st.a1, f1(1, "out")
-            am, am_en = st.a1, f1(1, "argmax")
+            out, out_en = st.a1, f1(1, "out") & (es[1].k == last_slot("out", "out"))
+            am, am_en = st.a1, f1(1, "argmax") & (es[1].k == last_slot("am", "argmax"))
             leaving = v9 & e9.last & (e9.k == last_k)
         self._stage_accs = accs  # white-box access for the saturation test (tests/hw/test_epilogue.py)
 
@@ -631,6 +647,8 @@ class Epilogue(wiring.Component):
         hgt_f, heq_f, lgt_f = Signal(reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
         with m.If(adv & leaving):
             m.d.sync += last_out.eq(1)
+        # the next slot to fold: folded, none after the last executed one (slots beyond it never reduce)
+        k_next = Mux(k >= last_k, MAX_OPS, k + 1) if folded else k + 1
         with m.Switch(ph):
             with m.Case(0):
                 with m.If(busy & (k < MAX_OPS) & fin_k):
@@ -638,7 +656,7 @@ class Epilogue(wiring.Component):
                         m.d.sync += [cur.eq(Array(rg)[reg_k]), acc_f.eq(Mux(Array(sats)[k], _U64_MAX, Array(accs)[k])),
                                      ssq_f.eq(ssq_k), reg_f.eq(reg_k), ph.eq(1)]
                     with m.Else():
-                        m.d.sync += k.eq(k + 1)
+                        m.d.sync += k.eq(k_next)
             with m.Case(1):
                 lo = cur[:32] + acc_f[:32]
                 m.d.sync += [lo_f.eq(lo[:32]), c_f.eq(lo[32]), hgt_f.eq(acc_f[32:] > cur[32:]),
@@ -650,7 +668,7 @@ class Epilogue(wiring.Component):
                 for j in range(8):
                     with m.If(reg_f == j):
                         m.d.sync += rg[j].eq(new)
-                m.d.sync += [k.eq(k + 1), ph.eq(0)]
+                m.d.sync += [k.eq(k_next), ph.eq(0)]
         m.d.comb += self.done.eq(busy & (k == MAX_OPS) & last_out)
         with m.If(self.done):
             m.d.sync += busy.eq(0)

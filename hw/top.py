@@ -81,9 +81,10 @@ class Accelerator(wiring.Component):
         that the next instruction's header and constants stream while the current GEMV still computes.
     epilogue_folded : bool
         The epilogue's folded form (:class:`hw.epilogue.Epilogue` ``folded``): one micro-op stage that each
-        element passes once per micro-op, taking an element every ``n_ops`` cycles instead of every cycle, at
-        about an eighth of the pipelined form's multipliers and registers (the ECP5 builds,
-        ``hw.boards.ecp5.DEFAULT_PARAMS``). Results are identical.
+        element passes once per micro-op, taking an element every ``max(n_ops, 1)`` cycles on average instead
+        of every cycle, with an eighth of the pipelined form's micro-op stages (the ECP5 builds,
+        ``hw.boards.ecp5.DEFAULT_PARAMS``). Results are bit-identical; the ID block's ``ID_EPILOGUE`` says
+        which form a build has.
 
     Attributes
     ----------

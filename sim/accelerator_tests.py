@@ -374,6 +374,7 @@ async def id_block(dut):
         R.ID_PACKINGS: 1 << TritPacking(b["packing"]).value, R.ID_MAX_HIDDEN: b["max_hidden"],
         R.ID_MAX_INTERMEDIATE: b["max_intermediate"], R.ID_MAX_LAYERS: b["max_layers"],
         R.ID_MAX_VOCAB: isa.MAX_VOCAB, R.ID_QUANT_LANES: b["quant_lanes"], R.ID_ACC_BITS: isa.ACC_BITS,
+        R.ID_EPILOGUE: int(bool(b.get("epilogue_folded", False))),
     }
     assert (await tb.read(R.ID_MAGIC)).to_bytes(4, "little") == b"MMFA"
     for off, v in want.items():
@@ -382,7 +383,7 @@ async def id_block(dut):
     # writes to the ID block are ignored
     await tb.write(R.ID_LANES, 0xDEAD)
     assert await tb.read(R.ID_LANES) == b["lanes"]
-    for off in (R.STATUS, R.ERROR_CAUSE, R.ERROR_WHERE, R.POSITION, R.ARGMAX, R.CTRL, 0x30, 0x3C, 0x7C, 0xFC):
+    for off in (R.STATUS, R.ERROR_CAUSE, R.ERROR_WHERE, R.POSITION, R.ARGMAX, R.CTRL, 0x34, 0x3C, 0x7C, 0xFC):
         got = await tb.read(off)
         assert got == 0, f"register 0x{off:02x} reads 0x{got:x} after reset"
     for c in Counter:

@@ -80,10 +80,12 @@ class Build:
     max_hidden: int = 512
     max_intermediate: int = 1024
     max_layers: int = 8
+    epilogue_folded: bool = False
 
     @property
     def tag(self) -> str:
-        return (f"l{self.lanes}c{self.channels}b{self.bus_bits}-{self.packing.name.lower()}")
+        return (f"l{self.lanes}c{self.channels}b{self.bus_bits}-{self.packing.name.lower()}"
+                + ("-folded" if self.epilogue_folded else ""))
 
     def kwargs(self) -> dict:
         return dataclasses.asdict(self) | {"packing": self.packing}
@@ -93,14 +95,16 @@ class Build:
 
     def perf(self) -> BuildParams:
         return BuildParams(lanes=self.lanes, channels=self.channels, bus_bits=self.bus_bits,
-                           quant_lanes=self.quant_lanes)
+                           quant_lanes=self.quant_lanes, epilogue_folded=self.epilogue_folded)
 
 
 # The shipped model (hidden 324, intermediate 868, 6 layers) fits every build below.
 B16 = {p: Build(lanes=16, bus_bits=64, quant_lanes=4, packing=p) for p in TritPacking}
 B64 = {p: Build(lanes=64, bus_bits=128, quant_lanes=8, packing=p) for p in TritPacking}
 B2CH = Build(lanes=32, channels=2, bus_bits=64, quant_lanes=4, packing=TritPacking.BASE3)
-ALL_BUILDS = [*B16.values(), *B64.values(), B2CH]
+#: the ECP5 bitstreams' core: 32 lanes, one 64-bit base-3 channel, the folded epilogue
+BFOLD = Build(lanes=32, bus_bits=64, quant_lanes=4, packing=TritPacking.BASE3, epilogue_folded=True)
+ALL_BUILDS = [*B16.values(), *B64.values(), B2CH, BFOLD]
 
 
 def build_key(build: Build) -> str:
@@ -427,14 +431,15 @@ needs_fast_sim = pytest.mark.skipif(SIM == "icarus" and not ICARUS_SLOW,
 
 # ------------------------------------------------------------------------------------------- (a) ID block
 @pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", [B16[TritPacking.BASE3], B64[TritPacking.BITS2]], ids=lambda b: b.tag)
+@pytest.mark.parametrize("build", [B16[TritPacking.BASE3], B64[TritPacking.BITS2], BFOLD], ids=lambda b: b.tag)
 def test_id_block(build, stress):
     run = Run(get_sim(build), f"id-{'stress' if stress else 'smooth'}", stress)
     run.execute("id_block")
 
 
 # ------------------------------------------------------------------------------------------- (b) shipped model
-SHIPPED_BUILDS = [B16[TritPacking.BASE3], B16[TritPacking.BITS2], B64[TritPacking.BASE3], B64[TritPacking.BITS2]]
+SHIPPED_BUILDS = [B16[TritPacking.BASE3], B16[TritPacking.BITS2], B64[TritPacking.BASE3], B64[TritPacking.BITS2],
+                  BFOLD]
 
 
 @pytest.mark.slow
@@ -594,7 +599,7 @@ def bad_images(image: bytes, beat: int) -> list[tuple[str, bytes]]:
     return out
 
 
-BAD_BUILDS = [B16[TritPacking.BASE3], B64[TritPacking.BITS2]]
+BAD_BUILDS = [B16[TritPacking.BASE3], B64[TritPacking.BITS2], BFOLD]
 BAD_CASES = ["header-magic", "header-crc", "instr-crc", "unknown-opcode", "const-crc", "bad-trit",
              "truncated-weights", "truncated-consts", "truncated-after-header", "truncated-image-header",
              "token-crc", "abort-mid-token", "hard-reset-mid-token"]

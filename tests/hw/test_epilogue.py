@@ -209,12 +209,17 @@ def op_cases(rng, seg):
         i = int(np.argmax(x))
         cases.append(Case(ops=[op(M.ARGMAX, a=0), op(M.OUT, a=1)], values=x, mem=random_mem(rng),
                           expect={"argmax": (i, int(x[i])), "logits": x}))
-    x = rng.integers(-50, 50, N)
+    # (the first ARGMAX's values are all larger: counting it too would pick one of them)
+    x = rng.integers(1000, 2000, N)
     mem = random_mem(rng)
+    mem[Buffer.C3][:N] = rng.integers(-50, 50, N)
     c3 = mem[Buffer.C3][:N]
     j = int(np.argmax(c3))
     cases.append(Case(ops=[op(M.ARGMAX, a=0), op(M.LD, dst=3, buf=Buffer.C3), op(M.ARGMAX, a=3)], values=x, mem=mem,
                       expect={"argmax": (j, int(c3[j]))}))
+    # two OUTs: only the last one streams (the golden device would append both: not a compiled program)
+    cases.append(Case(ops=[op(M.OUT, a=0), op(M.LD, dst=3, buf=Buffer.C3), op(M.OUT, a=3)], values=x, mem=mem,
+                      golden=False, expect={"logits": c3}))
 
     # NOPs and ops beyond n_ops are ignored
     x = mixed(rng, N, EDGES)
@@ -413,6 +418,55 @@ def test_compiled_programs(output_gate, idle, backpressure, folded):
              folded=folded)
 
 
+@pytest.mark.parametrize("folded", FOLDED)
+def test_measured_latency(folded):
+    """Cycles from the last input transfer to ``done``, streaming without stalls: ``latency_for(n_ops)`` plus
+    1-2 (``host.perf.DONE_LATENCY``), plus two more when the last micro-op reduces."""
+    progs = [([op(M.NOP)], False), ([op(M.ADD, dst=2, a=0, b=1), op(M.OUT, a=2)], False),
+             ([op(M.LD, dst=2, buf=Buffer.C0), op(M.SSQ, a=2, reg=1)], True),
+             ([op(M.SIG, dst=1, a=0, shift=16), op(M.ST, a=1, buf=Buffer.A), op(M.SSQ, a=0, reg=2),
+               op(M.AMAX, a=0, buf=Buffer.C1, reg=3), op(M.NOP), op(M.NOP), op(M.MUL, dst=3, a=0, b=1, shift=4),
+               op(M.OUT, a=3)], False)]
+    h = Harness(folded=folded)
+    dut = h.dut
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.logits.ready, 1)
+        for ops, _ in progs:
+            ctx.set(dut.cfg, {"ops": [o.fields() for o in ops] + [{}] * (MAX_OPS - len(ops)), "n_ops": len(ops),
+                              "s_mant": 0, "s_shift": 0, "raw": 1})
+            ctx.set(dut.start, 1)
+            await ctx.tick()
+            ctx.set(dut.start, 0)
+            sent, last_at = 0, None
+            for cycle in range(2000):
+                if sent < N:
+                    ctx.set(dut.i.payload, {"value": sent, "index": sent, "last": int(sent == N - 1)})
+                    ctx.set(dut.i.valid, 1)
+                took = sent < N and ctx.get(dut.i.ready)
+                done = ctx.get(dut.done)
+                await ctx.tick()
+                if took:
+                    sent += 1
+                    last_at = cycle
+                    if sent == N:
+                        ctx.set(dut.i.valid, 0)
+                if done:
+                    got.append(cycle - last_at)
+                    break
+            for _ in range(3):
+                await ctx.tick()
+
+    sim = Simulator(h)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    want = [(dut.latency_for(len(ops)) + (3 if reduces and folded else 1),
+             dut.latency_for(len(ops)) + (4 if reduces and folded else 2)) for ops, reduces in progs]
+    assert all(lo <= g <= hi for g, (lo, hi) in zip(got, want, strict=True)), (got, want)
+
+
 def test_parameters():
     dut = Epilogue()
     assert dut.latency == 86 and dut.multipliers == 17
@@ -420,8 +474,8 @@ def test_parameters():
     assert dut.read_port_name(Buffer.STATE_OLD) == "rd_state_old"
     f = Epilogue(folded=True)
     assert not dut.folded and f.folded and dut.interval == 1 and f.interval == MAX_OPS
-    assert f.multipliers == 3 and f.lut_rom[0] == 1 and f.latency == 6 + 11 * MAX_OPS
-    assert [f.latency_for(n) for n in (0, 1, 7, 9)] == [17, 17, 83, 94] and dut.latency_for(2) == 86
+    assert f.multipliers == 3 and f.lut_rom[0] == 1 and f.latency == 4 + 11 * MAX_OPS
+    assert [f.latency_for(n) for n in (0, 1, 7, 9)] == [15, 15, 81, 92] and dut.latency_for(2) == 86
     with pytest.raises(TypeError, match="folded"):
         Epilogue(folded=1)
     for kw, exc in (({"lut_segments_log2": 5}, ValueError), ({"lut_segments_log2": 15}, ValueError),
