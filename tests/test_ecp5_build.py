@@ -97,6 +97,13 @@ def test_dispatcher_rejects_unknown_boards(capsys):
     assert "ulx3s-85f" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--freq-mhz", "abc"), ("--lanes", "16,x")])
+def test_dispatcher_rejects_bad_numbers(capsys, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        dispatcher.main(["ecpix5-85f", flag, value])
+    assert exc.value.code == 2 and "separated by commas" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("board", sorted(ecp5.BOARDS))
 def test_committed_bitstream_report(board):
     d = ROOT / "bitstreams" / board

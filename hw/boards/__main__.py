@@ -24,11 +24,19 @@ def _xilinx():
 
 
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+    """A comma list of integers (``--lanes 16,32``), as an argparse ``type``."""
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
 
 
 def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x]
+    """A comma list of numbers (``--freq-mhz 50,80``), as an argparse ``type``."""
+    try:
+        return [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("board", help=f"one of: {', '.join(known) or '(none)'}"
                     + ("" if xil else " (Xilinx boards need hw/boards/xilinx.py)"))
     ap.add_argument("--out", type=Path, help="output folder (default bitstreams/<board>/)")
-    ap.add_argument("--lanes", default=None, help="ECP5: trits per cycle (comma list with --sweep)")
-    ap.add_argument("--freq-mhz", default=None, help="ECP5: target core clock in MHz (comma list with --sweep)")
+    ap.add_argument("--lanes", type=_ints, default=None,
+                    help="trits per cycle (ECP5: a comma list with --sweep; default: hw.boards.ecp5.CHOSEN)")
+    ap.add_argument("--freq-mhz", type=_floats, default=None,
+                    help="ECP5: target core clock in MHz (a comma list with --sweep; default: CHOSEN)")
     ap.add_argument("--quant-lanes", type=int, default=None,
                     help="ECP5: codes re-quantized per cycle (default: the board's chosen build, else 8)")
     ap.add_argument("--baud", type=int, default=None,
@@ -70,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.board in ecp5.BOARDS:
         chosen = ecp5.CHOSEN.get(args.board, {})
-        lanes = _ints(args.lanes) if args.lanes else [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]
-        freqs = _floats(args.freq_mhz) if args.freq_mhz else [chosen.get("freq_mhz", 60.0)]
+        lanes = args.lanes or [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]
+        freqs = args.freq_mhz or [chosen.get("freq_mhz", 60.0)]
         args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
         args.baud = args.baud or chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
@@ -97,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.board in xboards:
         out = args.out or Path(__file__).resolve().parents[2] / "bitstreams" / args.board
-        params = {"lanes": _ints(args.lanes)[0]} if args.lanes else {}
+        params = {"lanes": args.lanes[0]} if args.lanes else {}
         return int(xil.build(args.board, out, **params) or 0)
     if xil is None:
         print(f"unknown board {args.board!r}: ECP5 boards are {', '.join(sorted(ecp5.BOARDS))}; the Xilinx flows "

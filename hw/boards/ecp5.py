@@ -302,9 +302,9 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         that missed its target says ``timing_met: false`` in its own ``report.json`` and is not copied).
     place_only : bool
         Stop after placement (nextpnr ``--no-route``, no bitstream): ``report.json`` says ``status: placed``
-        and gives nextpnr's post-placement estimate as ``placed_fmax_mhz`` (routing only lowers it, so a
-        configuration that misses its target here cannot close timing). Takes about 20 minutes where a
-        routed build of the 16-lane core takes hours (bitstreams/README.md).
+        and gives nextpnr's post-placement estimate as ``placed_fmax_mhz``. The estimate is not a verdict:
+        on the folded core's ECPIX-5 builds routing ended 18-32 % above it (bitstreams/README.md), so a
+        configuration that misses its target here may still close. About 10-15 minutes.
     **params
         :class:`hw.top.Accelerator` parameters overriding :data:`DEFAULT_PARAMS`.
 
