@@ -215,6 +215,13 @@ class BuildParams:
             raise ValueError(f"fifo_beats must be a non-negative integer, got {self.fifo_beats!r}")
 
     @classmethod
+    def from_id_block(cls, ident: dict) -> BuildParams:
+        """The build a core's ID block describes (``host.devices.board.read_id_block``'s fields by name;
+        ``epilogue_folded`` absent or 0 on builds before ``ID_EPILOGUE``)."""
+        return cls(lanes=ident["lanes"], channels=ident["channels"], bus_bits=ident["bus_bits"],
+                   quant_lanes=ident["quant_lanes"], epilogue_folded=bool(ident.get("epilogue_folded", 0)))
+
+    @classmethod
     def overlapped(cls, **kw) -> BuildParams:
         """A build with every proposed schedule option on (``kw`` sets the rest)."""
         return cls(**{**{name: True for name in SCHEDULE_OPTIONS}, **kw})

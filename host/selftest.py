@@ -123,8 +123,7 @@ def build_params_of(device: Device):
     if isinstance(b, BuildParams):
         return b
     if isinstance(b, dict) and b:
-        return BuildParams(lanes=b["lanes"], channels=b["channels"], bus_bits=b["bus_bits"],
-                           quant_lanes=b["quant_lanes"], epilogue_folded=bool(b.get("epilogue_folded", 0)))
+        return BuildParams.from_id_block(b)
     return BuildParams()
 
 

@@ -120,6 +120,16 @@ def _delay_line(m: Module, name: str, wp, adv, offset, data_in, shape=INT32):
     return r.data
 
 
+def _last_true(m: Module, name: str, conds) -> tuple[Signal, Signal]:
+    """Combinational: the index of the last of ``conds`` (one per micro-op slot) that holds, and whether any
+    does (the program's last OUT, ARGMAX or ST to a buffer, as the golden device's in-order semantics keep)."""
+    sel, any_ = Signal(range(MAX_OPS), name=f"{name}_c"), Signal(name=f"{name}_en_c")
+    for s, c in enumerate(conds):
+        with m.If(c):
+            m.d.comb += [sel.eq(s), any_.eq(1)]
+    return sel, any_
+
+
 def _add_cin(x, y, cin):
     """``x + y + cin`` (unsigned ``x``, ``y``; ``cin`` one bit) as one adder, ``max(len(x), len(y)) + 1`` bits
     wide with the carry out on top: the carry in enters as an extra low bit of both operands."""
@@ -520,10 +530,7 @@ class Epilogue(wiring.Component):
                 """The value of operand ``a`` of the last stage whose ``conds`` holds, delayed from that
                 stage's second cycle (its register ``a1``) to the exit; and whether any stage's holds (a
                 property of the program)."""
-                sel_c, en_c = Signal(range(MAX_OPS), name=f"{name}_stage_c"), Signal(name=f"{name}_en_c")
-                for s, c in enumerate(conds):
-                    with m.If(c):
-                        m.d.comb += [sel_c.eq(s), en_c.eq(1)]
+                sel_c, en_c = _last_true(m, f"{name}_stage", conds)
                 sel = Signal(range(MAX_OPS), name=f"{name}_stage", reset_less=True)
                 en = Signal(name=f"{name}_en", reset_less=True)
                 offset = Signal(range(_DELAY_DEPTH), name=f"{name}_delay", reset_less=True)
@@ -598,10 +605,8 @@ class Epilogue(wiring.Component):
             def last_slot(name, cond):
                 """The last slot whose decoded ``cond`` holds (as the pipelined form's exit takes the last
                 stage's value: only the program's last OUT streams, only its last ARGMAX counts)."""
-                sel_c, sel = Signal(range(MAX_OPS), name=f"{name}_slot_c"), Signal(range(MAX_OPS), name=f"{name}_slot")
-                for j, dc in enumerate(dcs):
-                    with m.If(dc[cond]):
-                        m.d.comb += sel_c.eq(j)
+                sel_c, _ = _last_true(m, f"{name}_slot", [dc[cond] for dc in dcs])
+                sel = Signal(range(MAX_OPS), name=f"{name}_slot")
                 m.d.sync += sel.eq(sel_c)
                 return sel
 

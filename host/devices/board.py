@@ -263,9 +263,7 @@ class BoardDevice(ReplayLogDevice):
             return None
         from host.perf import BuildParams, token_counters
 
-        b = self.build
-        bp = BuildParams(lanes=b["lanes"], channels=b["channels"], bus_bits=b["bus_bits"],
-                         quant_lanes=b["quant_lanes"], epilogue_folded=bool(b.get("epilogue_folded", 0)))
+        bp = BuildParams.from_id_block(self.build)
         measured = self._counters["hw_cycles"] / n
         trits = sum(i.n * i.k for i in self.image.instructions if i.opcode is isa.Opcode.GEMV)
         ideal = max(self.image.info.image_bytes / (bp.channels * bp.beat_bytes), trits / bp.lanes)
