@@ -24,12 +24,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from amaranth.hdl import ClockDomain, Elaboratable, Instance, Module, ResetInserter, Signal
+from amaranth.hdl import Cat, ClockDomain, Elaboratable, Instance, Module, ResetInserter, Signal
+from amaranth.lib import fifo
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import connect
 
-__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "pll_config", "build", "sweep", "publish", "collect_sweep",
-           "DEFAULT_PARAMS", "REPO_ROOT"]
+__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "LinkedCore", "pll_config", "build", "sweep", "publish",
+           "collect_sweep", "DEFAULT_PARAMS", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,8 +113,74 @@ def pll_config(f_in: float, f_out: float) -> dict[str, int | float]:
     return best[1]
 
 
+class LinkedCore(Elaboratable):
+    """The core behind the UART link, as on the boards: :class:`Ecp5Top` less the PLL and the pins.
+
+    Two registers stand between the link and the core, so that no control path runs from one into the other
+    within a cycle (before them, the routed critical paths of the ECPIX-5 builds, bitstreams/README.md):
+
+    - the output stream crosses a three-entry FIFO (:class:`amaranth.lib.fifo.SyncFIFOBuffered`, ``tdata`` and
+      ``tlast``; its ``w_rdy`` is a register), so the transmitter's ``tready`` no longer reaches the
+      epilogue's enable; three entries keep one word a cycle;
+    - the link's core reset (the ``'R'`` command) is registered before it resets the core (and empties the
+      output FIFO), one cycle later.
+
+    Parameters
+    ----------
+    core : Elaboratable
+        The accelerator, or a stand-in with its ports: ``s_axil`` (AXI4-Lite, 8-bit addresses),
+        ``s_axis_w0`` (64-bit AXI4-Stream in), ``m_axis_out`` (32-bit AXI4-Stream out), ``irq``.
+    divisor : int
+        Clock cycles per bit (:class:`~hw.boards.uart_link.UARTLink`).
+    **link_params
+        Further :class:`~hw.boards.uart_link.UARTLink` parameters (``fifo_depth``, ``byte_timeout``).
+
+    Attributes
+    ----------
+    rx : Signal, in; tx : Signal, out
+        The serial lines.
+    irq, overflow : Signal, out
+        The core's interrupt, the link's sticky receive-overflow flag.
+    link
+        The :class:`~hw.boards.uart_link.UARTLink`.
+    """
+
+    #: entries of the output FIFO (three sustain one word a cycle through SyncFIFOBuffered)
+    OUT_FIFO_DEPTH = 3
+
+    def __init__(self, core, *, divisor: int, **link_params):
+        from hw.boards.uart_link import UARTLink
+
+        self.core = core
+        self.link = UARTLink(divisor=divisor, **link_params)
+        self.rx = Signal(init=1)
+        self.tx = Signal(init=1)
+        self.irq = Signal()
+        self.overflow = Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.link = link = self.link
+        core_rst = Signal()
+        m.d.sync += core_rst.eq(link.core_rst)
+        m.submodules.core = ResetInserter({"sync": core_rst})(self.core)
+        connect(m, link.axil, self.core.s_axil)
+        connect(m, link.w0, self.core.s_axis_w0)
+
+        src, dst = self.core.m_axis_out, link.out
+        q = fifo.SyncFIFOBuffered(width=len(src.tdata) + 1, depth=self.OUT_FIFO_DEPTH)
+        m.submodules.out_fifo = ResetInserter({"sync": core_rst})(q)     # no word outlives a core reset
+        m.d.comb += [q.w_data.eq(Cat(src.tdata, src.tlast)), q.w_en.eq(src.tvalid), src.tready.eq(q.w_rdy),
+                     dst.tdata.eq(q.r_data[:-1]), dst.tlast.eq(q.r_data[-1]), dst.tvalid.eq(q.r_rdy),
+                     q.r_en.eq(dst.tready)]
+
+        m.d.comb += [link.rx.eq(self.rx), self.tx.eq(link.tx), self.irq.eq(self.core.irq),
+                     self.overflow.eq(link.overflow)]
+        return m
+
+
 class Ecp5Top(Elaboratable):
-    """Board top: PLL, reset synchroniser, :class:`~hw.boards.uart_link.UARTLink`, the core.
+    """Board top: PLL, reset synchroniser, the core behind the UART link (:class:`LinkedCore`), status lights.
 
     Parameters
     ----------
@@ -147,7 +214,6 @@ class Ecp5Top(Elaboratable):
         self.core_params, self.clk_in_hz, self.freq_hz, self.baud = p, clk_in_hz, self.pll["f_out"], baud
 
     def elaborate(self, platform):
-        from hw.boards.uart_link import UARTLink
         from hw.top import Accelerator
 
         m = Module()
@@ -171,18 +237,12 @@ class Ecp5Top(Elaboratable):
         # no FREQUENCY NET here: nextpnr derives the CLKOP constraint from the oscillator's and the dividers
         m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
 
-        m.submodules.link = link = UARTLink(divisor=self.divisor)
-        core = Accelerator(**self.core_params)
-        m.submodules.core = ResetInserter({"sync": link.core_rst})(core)
-        connect(m, link.axil, core.s_axil)
-        connect(m, link.w0, core.s_axis_w0)
-        connect(m, core.m_axis_out, link.out)
-
+        m.submodules.linked = linked = LinkedCore(Accelerator(**self.core_params), divisor=self.divisor)
         uart = platform.request("uart", 0)
-        m.d.comb += [link.rx.eq(uart.rx.i), uart.tx.o.eq(link.tx)]
+        m.d.comb += [linked.rx.eq(uart.rx.i), uart.tx.o.eq(linked.tx)]
 
         # status lights: PLL locked, token done or error (irq), receive FIFO overflow (sticky)
-        lights = [lock, core.irq, link.overflow]
+        lights = [lock, linked.irq, linked.overflow]
         if "led" in {r.name for r in platform.resources.values()}:
             for i, s in enumerate(lights):
                 m.d.comb += platform.request("led", i).o.eq(s)

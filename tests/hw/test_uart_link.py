@@ -62,6 +62,19 @@ def test_unknown_opcode_reset_and_resync(port):
     assert link.read(R.STATUS) == 0                 # and the half write never happened
 
 
+
+def test_core_reset_reaches_the_core(port):
+    """The registered core reset: a cleared STATUS.done after the link's reset command."""
+    link = UartLink(port, timeout=5.0)
+    link.write(R.CTRL, 1)
+    assert link.read(R.STATUS) == 2
+    link.reset_core()
+    assert link.read(R.STATUS) == 0
+    data = bytes(range(8, 32))                      # the output path works after the reset
+    link.stream(data, last=True)
+    assert link.read_output(timeout=5.0) == data
+
+
 class Dead:
     """A port with nothing on the other end."""
 

@@ -2,20 +2,23 @@
 
 :class:`SimSerial` has the pyserial subset :class:`host.devices.ecp5.UartLink` uses (``read``, ``write``,
 ``reset_input_buffer``, ``close``, ``timeout``); bytes written are driven onto ``rx`` bit by bit, ``tx``
-is sampled at mid-bit, so every transaction crosses the real UART, FIFO, parser and framer. Behind the link
+is sampled at mid-bit, so every transaction crosses the real UART, FIFO, parser and framer. The link is
+the boards' :class:`hw.boards.ecp5.LinkedCore` (with its output FIFO and registered core reset); behind it
 sits the core's real :class:`hw.regs.RegisterBlock` and, on the stream, a loopback that returns each
 64-bit beat as two 32-bit output words (low word first, ``tlast`` on the second when the beat had it).
 """
 
 from collections import deque
 
-from amaranth.hdl import Elaboratable, Module, Signal
-from amaranth.lib.wiring import connect
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.sim import Simulator
 
 from hw import isa
-from hw.boards.uart_link import UARTLink
-from hw.regs import RegisterBlock
+from hw.boards.ecp5 import LinkedCore
+from hw.regs import AXI4LiteSignature, RegisterBlock
+from hw.top import AXIStreamSignature
 
 DIVISOR = 4                 # clock cycles per bit in the simulation
 PERIOD = 1e-6               # simulated clock period, seconds
@@ -30,43 +33,49 @@ async def _ticks(ctx, n: int) -> None:
         await ctx.tick()
 
 
-class LinkHarness(Elaboratable):
-    """UARTLink + RegisterBlock + a beat-to-words loopback; ``STATUS.done`` is set by a ``CTRL.clear`` write."""
+class LoopbackCore(wiring.Component):
+    """A stand-in for the core: its real :class:`hw.regs.RegisterBlock` (``STATUS.done`` is set by a
+    ``CTRL.clear`` write) and a stream loopback returning each 64-bit beat as two 32-bit words."""
 
-    def __init__(self, *, fifo_depth: int = 64, byte_timeout: int = 4000):
-        self.link = UARTLink(divisor=DIVISOR, fifo_depth=fifo_depth, byte_timeout=byte_timeout)
-        self.regs = RegisterBlock(id_values=ID_VALUES)
-        self.clears = Signal(8)
+    s_axil: Out(AXI4LiteSignature(addr_width=8))        # the same members as hw.top.Accelerator's
+    s_axis_w0: Out(AXIStreamSignature(64))
+    m_axis_out: In(AXIStreamSignature(32))
+    irq: Out(1)
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.link = link = self.link
-        m.submodules.regs = regs = self.regs
-        connect(m, link.axil, regs.axil)
+        m.submodules.regs = regs = RegisterBlock(id_values=ID_VALUES)
+        connect(m, flipped(self.s_axil), regs.axil)
         done = Signal()
         with m.If(regs.clear):
-            m.d.sync += [done.eq(1), self.clears.eq(self.clears + 1)]
-        m.d.comb += regs.done.eq(done)
+            m.d.sync += done.eq(1)
+        m.d.comb += [regs.done.eq(done), self.irq.eq(done)]
         # loopback: beat -> two words
         hold = Signal(64)
         hold_last = Signal()
         half = Signal(2)            # 0 empty, 2 words to send, 1 word left
-        m.d.comb += link.w0.tready.eq(half == 0)
-        with m.If(link.w0.tvalid & link.w0.tready):
-            m.d.sync += [hold.eq(link.w0.tdata), hold_last.eq(link.w0.tlast), half.eq(2)]
-        m.d.comb += [link.out.tvalid.eq(half != 0),
-                     link.out.tdata.eq(hold.word_select(half == 1, 32)),
-                     link.out.tlast.eq((half == 1) & hold_last)]
-        with m.If(link.out.tvalid & link.out.tready):
+        w, o = self.s_axis_w0, self.m_axis_out
+        m.d.comb += w.tready.eq(half == 0)
+        with m.If(w.tvalid & w.tready):
+            m.d.sync += [hold.eq(w.tdata), hold_last.eq(w.tlast), half.eq(2)]
+        m.d.comb += [o.tvalid.eq(half != 0), o.tdata.eq(hold.word_select(half == 1, 32)),
+                     o.tlast.eq((half == 1) & hold_last)]
+        with m.If(o.tvalid & o.tready):
             m.d.sync += half.eq(half - 1)
         return m
+
+
+def LinkHarness(*, fifo_depth: int = 64, byte_timeout: int = 4000) -> LinkedCore:
+    """The board's :class:`hw.boards.ecp5.LinkedCore` (link, output FIFO, registered core reset) around a
+    :class:`LoopbackCore`."""
+    return LinkedCore(LoopbackCore(), divisor=DIVISOR, fifo_depth=fifo_depth, byte_timeout=byte_timeout)
 
 
 class SimSerial:
     """The pyserial subset over the simulated link; ``timeout`` is in (wall) seconds as for pyserial, and
     each ``read`` simulates at most ``cycles_per_read`` cycles."""
 
-    def __init__(self, harness: LinkHarness | None = None, *, cycles_per_read: int = 3000):
+    def __init__(self, harness: LinkedCore | None = None, *, cycles_per_read: int = 3000):
         self.h = harness or LinkHarness()
         self.timeout = 1.0
         self.cycles_per_read = cycles_per_read
@@ -81,7 +90,7 @@ class SimSerial:
         self.closed = False
 
     async def _drive_rx(self, ctx):
-        rx = self.h.link.rx
+        rx = self.h.rx
         ctx.set(rx, 1)
         while True:
             if not self.to_board:
@@ -93,7 +102,7 @@ class SimSerial:
                 await _ticks(ctx, DIVISOR)
 
     async def _sample_tx(self, ctx):
-        tx = self.h.link.tx
+        tx = self.h.tx
         while True:
             await ctx.tick()
             if ctx.get(tx):
