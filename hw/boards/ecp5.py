@@ -119,9 +119,11 @@ class LinkedCore(Elaboratable):
     Two registers stand between the link and the core, so that no control path runs from one into the other
     within a cycle (before them, the routed critical paths of the ECPIX-5 builds, bitstreams/README.md):
 
-    - the output stream crosses a three-entry FIFO (:class:`amaranth.lib.fifo.SyncFIFOBuffered`, ``tdata`` and
-      ``tlast``; its ``w_rdy`` is a register), so the transmitter's ``tready`` no longer reaches the
-      epilogue's enable; three entries keep one word a cycle;
+    - the output stream crosses a one-entry FIFO (:class:`amaranth.lib.fifo.SyncFIFOBuffered` of depth 1: a
+      register for ``tdata`` and ``tlast``, and a registered ``w_rdy``), so the transmitter's ``tready`` no
+      longer reaches the epilogue's enable. It passes a word every other cycle, far above the link's rate
+      (a 32-bit word is 40 bits on the line, at least 160 cycles). Deeper, it holds a memory, on which
+      Yosys 0.70's ECP5 flow stopped with an ``abc_ops_reintegrate`` assertion (the ULX3S build);
     - the link's core reset (the ``'R'`` command) is registered before it resets the core (and empties the
       output FIFO), one cycle later.
 
@@ -145,8 +147,8 @@ class LinkedCore(Elaboratable):
         The :class:`~hw.boards.uart_link.UARTLink`.
     """
 
-    #: entries of the output FIFO (three sustain one word a cycle through SyncFIFOBuffered)
-    OUT_FIFO_DEPTH = 3
+    #: entries of the output FIFO (one: a register, see above)
+    OUT_FIFO_DEPTH = 1
 
     def __init__(self, core, *, divisor: int, **link_params):
         from hw.boards.uart_link import UARTLink
