@@ -45,6 +45,10 @@ def test_build_refuses_bad_requests(tmp_path):
         ecp5.build("ulx3s-85f", tmp_path, freq_mhz=40)
     with pytest.raises(ValueError, match="FT231X"):
         ecp5.build("ulx3s-85f", tmp_path, baud=6_000_000)
+    with pytest.raises(ValueError, match="unknown nextpnr placer"):
+        ecp5.build("ulx3s-85f", tmp_path, placer="sa")
+    with pytest.raises(ValueError, match="heap placer only"):
+        ecp5.build("ulx3s-85f", tmp_path, placer="static", density=0.7)
 
 
 def test_nextpnr_report_parser(tmp_path):
@@ -77,6 +81,7 @@ def test_place_only_builds_have_their_own_folder():
     assert ecp5.build_tag(core, 50.0, 1) == "l32_q4_f50_s1"
     assert ecp5.build_tag(core, 50.0, 1, place_only=True) == "l32_q4_f50_s1_placed"
     assert ecp5.build_tag(core, 50.0, 2, "router2", 0.6) == "l32_q4_f50_s2_router2_d0.6"
+    assert ecp5.build_tag(core, 50.0, 1, placer="static") == "l32_q4_f50_s1_static"
     assert ecp5.build_tag({**core, "epilogue_folded": False}, 50.0, 1) == "l32_q4_pipelined_f50_s1"
 
 
@@ -90,6 +95,17 @@ def test_ecp5_builds_fold_the_epilogue():
 
     core = Accelerator(**top.core_params)
     assert core.epilogue_folded and core.id_values()[isa.REGISTER_MAP.ID_EPILOGUE] == 1
+
+
+def test_dispatcher_passes_the_placer(monkeypatch):
+    """``--placer`` reaches the build; without it, the board's chosen placer."""
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append((board, kw["placer"])) or 0)
+    assert dispatcher.main(["ecpix5-85f", "--placer", "static"]) == 0
+    assert dispatcher.main(["ulx3s-85f"]) == 0
+    assert seen == [("ecpix5-85f", "static"), ("ulx3s-85f", ecp5.CHOSEN["ulx3s-85f"].get("placer", "heap"))]
+    with pytest.raises(SystemExit):
+        dispatcher.main(["ecpix5-85f", "--placer", "sa"])
 
 
 def test_dispatcher_rejects_unknown_boards(capsys):

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baud", type=int, default=None,
                     help="ECP5: UART rate (default: the board's chosen build, else 3000000)")
     ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
+    ap.add_argument("--placer", choices=ecp5.PLACERS, default=None,
+                    help="ECP5: nextpnr placer (default: the board's chosen build, else heap)")
     ap.add_argument("--router", choices=ecp5.ROUTERS, default=None,
                     help="ECP5: nextpnr router (default: the board's chosen build, else router1)")
     ap.add_argument("--placer-density", type=float, default=None,
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
         args.baud = args.baud or chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
+        args.placer = args.placer or chosen.get("placer", "heap")
         if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:
             ap.error("several --lanes/--freq-mhz values need --sweep")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.sweep:
                 res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
                                                "router": args.router, "density": args.placer_density,
+                                               "placer": args.placer,
                                                "place_only": args.place_only, **extra}
                                               for n in lanes for f in freqs], args.out)
                 keys = ("lanes", "target_mhz", "status", "placed_fmax_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")
@@ -101,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
                               router=args.router, density=args.placer_density, place_only=args.place_only,
-                              lanes=lanes[0], **extra)
-        except ValueError as exc:       # a request the build refuses: clock, baud rate, density, lanes
+                              placer=args.placer, lanes=lanes[0], **extra)
+        except ValueError as exc:       # a request the build refuses: clock, baud rate, density, placer, lanes
             print(f"python -m hw.boards: {exc}", file=sys.stderr)
             return 2
     if args.board in xboards:

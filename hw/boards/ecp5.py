@@ -318,25 +318,29 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
 #: nextpnr's routers (``--router``): router1 is its default, router2 its newer one (bitstreams/README.md compares them)
 ROUTERS = ("router1", "router2")
 
+#: nextpnr's placers (``--placer``): heap (analytic, its default) and static (electrostatic; on the ULX3S's
+#: folded core it left the router a placement it could finish, where heap's did not: bitstreams/README.md)
+PLACERS = ("heap", "static")
+
 
 def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None,
-              place_only: bool = False) -> str:
+              place_only: bool = False, placer: str = "heap") -> str:
     """The build folder name of a configuration:
-    ``l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>_s<seed>[_router2][_d<density>][_placed]`` (the quantize lanes
-    only where they differ from :data:`DEFAULT_PARAMS`, ``_pipelined`` for the pipelined epilogue, the router
-    only when not router1, the placement density only when set, ``_placed`` for a build stopped after
-    placement)."""
+    ``l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>_s<seed>[_static][_router2][_d<density>][_placed]`` (the
+    quantize lanes only where they differ from :data:`DEFAULT_PARAMS`, ``_pipelined`` for the pipelined
+    epilogue, the placer only when not heap, the router only when not router1, the placement density only when
+    set, ``_placed`` for a build stopped after placement)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
     if not core.get("epilogue_folded", False):
         q += "_pipelined"
-    r = "" if router == "router1" else f"_{router}"
+    r = ("" if placer == "heap" else f"_{placer}") + ("" if router == "router1" else f"_{router}")
     d = "" if density is None else f"_d{density:g}"
     return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}{d}" + ("_placed" if place_only else "")
 
 
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
           router: str = "router1", density: float | None = None, build_root: Path | None = None,
-          write_bitstream_dir: bool = True, place_only: bool = False,
+          write_bitstream_dir: bool = True, place_only: bool = False, placer: str = "heap",
           **params) -> int:
     """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
 
@@ -355,8 +359,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     router : str
         nextpnr's router, one of :data:`ROUTERS`.
     density : float, optional
-        nextpnr's maximum placement density (``--placer-heap-beta``, its default 0.9): lower spreads the
-        cells, leaving the router more room.
+        nextpnr's maximum placement density (``--placer-heap-beta``, its default 0.9; heap placer only): lower
+        spreads the cells, leaving the router more room.
     build_root : Path, optional
         Tool working directory (default ``build/boards/<board>/<tag>``, ignored by git).
     write_bitstream_dir : bool
@@ -367,6 +371,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         and gives nextpnr's post-placement estimate as ``placed_fmax_mhz``. The estimate is not a verdict:
         on the folded core's ECPIX-5 builds routing ended 18-35 % above it (bitstreams/README.md), so a
         configuration that misses its target here may still close. About 10-15 minutes.
+    placer : str
+        nextpnr's placer, one of :data:`PLACERS`.
     **params
         :class:`hw.top.Accelerator` parameters overriding :data:`DEFAULT_PARAMS`.
 
@@ -380,7 +386,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     ------
     ValueError
         On an unknown board, a target below 50 MHz, a baud rate above the board's bridge, an unknown router or
-        bad parameters.
+        placer, a density with the static placer, or bad parameters.
     """
     import importlib
 
@@ -391,12 +397,16 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         raise ValueError(f"placement density {density} is outside 0.3..1.0")
     if router not in ROUTERS:
         raise ValueError(f"unknown nextpnr router {router!r}; known: {', '.join(ROUTERS)}")
+    if placer not in PLACERS:
+        raise ValueError(f"unknown nextpnr placer {placer!r}; known: {', '.join(PLACERS)}")
+    if density is not None and placer != "heap":
+        raise ValueError("a placement density (--placer-heap-beta) applies to the heap placer only")
     if freq_mhz < 50:
         raise ValueError(f"target clock {freq_mhz} MHz is below the 50 MHz minimum")
     if baud > info.max_baud:
         raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
     core = {**DEFAULT_PARAMS, **params}
-    tag = build_tag(core, freq_mhz, seed, router, density, place_only)
+    tag = build_tag(core, freq_mhz, seed, router, density, place_only, placer)
     q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
@@ -405,7 +415,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
     # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
     # build that met timing is copied to out_dir
-    opts = f"--report nextpnr_report.json --seed {seed} --router {router} --timing-allow-fail" + (
+    opts = f"--report nextpnr_report.json --seed {seed} --placer {placer} --router {router} --timing-allow-fail" + (
         f" --placer-heap-beta {density:g}" if density is not None else "") + (" --no-route" if place_only else "")
     t0 = time.time()
     revision = _git_revision()    # of the sources elaborated now (the tools then run for up to hours)
@@ -427,7 +437,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "uart_bridge": info.uart,
         "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
         "lanes": core["lanes"], "channels": core["channels"], "bus_bits": core["bus_bits"],
-        "packing": str(core["packing"]).lower(), "seed": seed, "router": router, "placement_density": density,
+        "packing": str(core["packing"]).lower(), "seed": seed, "placer": placer, "router": router,
+        "placement_density": density,
         "build_seconds": round(seconds, 1),
         "tools": {k: _tool_version(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")},
         "git_revision": revision, "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
@@ -436,6 +447,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
                    + (f" --quant-lanes {core['quant_lanes']}" if q else "") + f" --baud {baud}"
                    + ("" if core.get("epilogue_folded") else " --pipelined-epilogue")
+                   + (f" --placer {placer}" if placer != "heap" else "")
                    + (f" --router {router}" if router != "router1" else "")
                    + (f" --placer-density {density:g}" if density is not None else "")
                    + (" --place-only" if place_only else ""),
@@ -540,7 +552,8 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
                      "dp16kd": r.get("utilisation", {}).get("DP16KD", {}).get("used"),
                      "mult18": r.get("utilisation", {}).get("MULT18X18D", {}).get("used"),
                      "build_seconds": r.get("build_seconds"), "load_average": r.get("load_average"),
-                     "seed": r.get("seed"), "git_revision": r.get("git_revision")})
+                     "seed": r.get("seed"), "placer": r.get("placer", "heap"), "router": r.get("router"),
+                     "git_revision": r.get("git_revision")})
     ok = [x for x in rows if x["timing_met"] and x["status"] == "built" and x.get("fmax_mhz") is not None]
     best = max(ok, key=lambda x: (x["lanes_x_target"], x["fmax_mhz"] - x["target_mhz"]), default=None)
     result = {"board": board, "rule": "timing met; max lanes x target clock; then max Fmax margin",
@@ -563,10 +576,11 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         router = cfg.pop("router", "router1")
         density = cfg.pop("density", None)
         place_only = cfg.pop("place_only", False)
+        placer = cfg.pop("placer", "heap")
         rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, density=density,
-                   write_bitstream_dir=False, place_only=place_only, **cfg)
+                   write_bitstream_dir=False, place_only=place_only, placer=placer, **cfg)
         tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router,
-                        density, place_only)
+                        density, place_only, placer)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)
