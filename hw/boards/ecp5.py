@@ -116,16 +116,18 @@ def pll_config(f_in: float, f_out: float) -> dict[str, int | float]:
 class LinkedCore(Elaboratable):
     """The core behind the UART link, as on the boards: :class:`Ecp5Top` less the PLL and the pins.
 
-    Two registers stand between the link and the core, so that no control path runs from one into the other
+    Registers stand between the link and the core, so that no control path runs from one into the other
     within a cycle (before them, the routed critical paths of the ECPIX-5 builds, bitstreams/README.md):
 
-    - the output stream crosses a one-entry FIFO (:class:`amaranth.lib.fifo.SyncFIFOBuffered` of depth 1: a
-      register for ``tdata`` and ``tlast``, and a registered ``w_rdy``), so the transmitter's ``tready`` no
-      longer reaches the epilogue's enable. It passes a word every other cycle, far above the link's rate
-      (a 32-bit word is 40 bits on the line, at least 160 cycles). Deeper, it holds a memory, on which
-      Yosys 0.70's ECP5 flow stopped with an ``abc_ops_reintegrate`` assertion (the ULX3S build);
-    - the link's core reset (the ``'R'`` command) is registered before it resets the core (and empties the
-      output FIFO), one cycle later.
+    - each stream, the weight stream in and the output stream back, crosses a one-entry FIFO
+      (:class:`amaranth.lib.fifo.SyncFIFOBuffered` of depth 1: a register for ``tdata`` and ``tlast``, and a
+      registered ``w_rdy``). The transmitter's ``tready`` no longer reaches the epilogue's enable, nor the
+      link's parser the core's fetcher and weight decoder. Each passes a beat every other cycle, far above
+      the link's rate (a 64-bit beat is 80 bits on the line, a 32-bit word 40: at least 160 cycles).
+      Deeper, the FIFO holds a memory, on which Yosys 0.70's ECP5 flow stopped with an
+      ``abc_ops_reintegrate`` assertion (a ULX3S build);
+    - the link's core reset (the ``'R'`` command) is registered before it resets the core (and empties both
+      FIFOs), one cycle later.
 
     Parameters
     ----------
@@ -147,8 +149,8 @@ class LinkedCore(Elaboratable):
         The :class:`~hw.boards.uart_link.UARTLink`.
     """
 
-    #: entries of the output FIFO (one: a register, see above)
-    OUT_FIFO_DEPTH = 1
+    #: entries of each stream FIFO (one: a register, see above)
+    STREAM_FIFO_DEPTH = 1
 
     def __init__(self, core, *, divisor: int, **link_params):
         from hw.boards.uart_link import UARTLink
@@ -167,14 +169,12 @@ class LinkedCore(Elaboratable):
         m.d.sync += core_rst.eq(link.core_rst)
         m.submodules.core = ResetInserter({"sync": core_rst})(self.core)
         connect(m, link.axil, self.core.s_axil)
-        connect(m, link.w0, self.core.s_axis_w0)
-
-        src, dst = self.core.m_axis_out, link.out
-        q = fifo.SyncFIFOBuffered(width=len(src.tdata) + 1, depth=self.OUT_FIFO_DEPTH)
-        m.submodules.out_fifo = ResetInserter({"sync": core_rst})(q)     # no word outlives a core reset
-        m.d.comb += [q.w_data.eq(Cat(src.tdata, src.tlast)), q.w_en.eq(src.tvalid), src.tready.eq(q.w_rdy),
-                     dst.tdata.eq(q.r_data[:-1]), dst.tlast.eq(q.r_data[-1]), dst.tvalid.eq(q.r_rdy),
-                     q.r_en.eq(dst.tready)]
+        for name, src, dst in (("w0_fifo", link.w0, self.core.s_axis_w0), ("out_fifo", self.core.m_axis_out, link.out)):
+            q = fifo.SyncFIFOBuffered(width=len(src.tdata) + 1, depth=self.STREAM_FIFO_DEPTH)
+            m.submodules[name] = ResetInserter({"sync": core_rst})(q)     # nothing outlives a core reset
+            m.d.comb += [q.w_data.eq(Cat(src.tdata, src.tlast)), q.w_en.eq(src.tvalid), src.tready.eq(q.w_rdy),
+                         dst.tdata.eq(q.r_data[:-1]), dst.tlast.eq(q.r_data[-1]), dst.tvalid.eq(q.r_rdy),
+                         q.r_en.eq(dst.tready)]
 
         m.d.comb += [link.rx.eq(self.rx), self.tx.eq(link.tx), self.irq.eq(self.core.irq),
                      self.overflow.eq(link.overflow)]
