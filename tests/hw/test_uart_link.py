@@ -112,3 +112,22 @@ def test_divisor_is_validated(cls):
 def test_fifo_depth_is_validated():
     with pytest.raises(ValueError, match="fifo_depth"):
         ul.UARTLink(divisor=4, fifo_depth=4)
+
+
+def test_the_real_core_behind_the_link():
+    """The boards' LinkedCore around the real (folded, 8-lane) Accelerator: its ID block over the UART, the
+    error the core raises on a stream that is not a token packet, and a core reset that clears it."""
+    from hw.boards.ecp5 import DEFAULT_PARAMS, LinkedCore
+    from hw.top import Accelerator
+
+    params = {**DEFAULT_PARAMS, "lanes": 8, "quant_lanes": 4, "packing": isa.TritPacking.BASE3}
+    core = Accelerator(**params)
+    port = SimSerial(LinkedCore(core, divisor=4, fifo_depth=64, byte_timeout=4000), cycles_per_read=20000)
+    link = UartLink(port, timeout=5.0)
+    ids = core.id_values()
+    for off in (R.ID_MAGIC, R.ID_LANES, R.ID_EPILOGUE, R.ID_QUANT_LANES):
+        assert link.read(off) == ids[off]
+    link.stream(bytes(range(8)), last=True)         # not a token packet's magic word
+    assert link.read(R.STATUS) & 0b100             # error
+    link.reset_core()
+    assert link.read(R.STATUS) == 0
