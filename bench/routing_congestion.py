@@ -47,7 +47,8 @@ GROUPS = ((re.compile(r"^core\.epilogue\.stage\d+$"), "core.epilogue.stage*"),)
 def module_of(net: str, depth: int = 3) -> str:
     """The module a net belongs to: its first ``depth`` dotted name components (two outside ``core``), the
     epilogue's stages grouped (:data:`GROUPS`), the core's own top-level signals as ``core``; nextpnr's own
-    nets (``$PACKER_GND_NET``) as they are.
+    nets (``$PACKER_GND_NET``) as they are. The board top's ``linked.`` prefix (:class:`hw.boards.ecp5.LinkedCore`,
+    in builds after revision 0748393) is dropped.
 
     >>> module_of("core.epilogue.stage3.s3_v2_LUT4_C_Z")
     'core.epilogue.stage*'
@@ -55,8 +56,13 @@ def module_of(net: str, depth: int = 3) -> str:
     'link.bridge'
     >>> module_of("core.f_at_end_LUT4_B_Z[3]")
     'core'
+    >>> module_of("linked.core.epilogue.fields.f3_LUT4_Z")
+    'core.epilogue.fields'
     """
     parts = net.split(".")
+    if parts[0] == "linked" and len(parts) > 1:
+        parts = parts[1:]
+        net = ".".join(parts)
     if len(parts) == 1:
         return net
     if parts[0] == "core" and len(parts) == 2:

@@ -98,12 +98,14 @@ def test_ecp5_builds_fold_the_epilogue():
 
 
 def test_dispatcher_passes_the_placer(monkeypatch):
-    """``--placer`` reaches the build; without it, the board's chosen placer."""
+    """``--placer`` reaches the build; without it, the board's chosen placer, or heap with a density."""
     seen = []
     monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append((board, kw["placer"])) or 0)
     assert dispatcher.main(["ecpix5-85f", "--placer", "static"]) == 0
     assert dispatcher.main(["ulx3s-85f"]) == 0
     assert seen == [("ecpix5-85f", "static"), ("ulx3s-85f", ecp5.CHOSEN["ulx3s-85f"].get("placer", "heap"))]
+    assert dispatcher.main(["ulx3s-85f", "--placer-density", "0.7"]) == 0     # a density selects heap
+    assert seen[-1] == ("ulx3s-85f", "heap")
     with pytest.raises(SystemExit):
         dispatcher.main(["ecpix5-85f", "--placer", "sa"])
 

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router", choices=ecp5.ROUTERS, default=None,
                     help="ECP5: nextpnr router (default: the board's chosen build, else router1)")
     ap.add_argument("--placer-density", type=float, default=None,
-                    help="ECP5: nextpnr's maximum placement density (--placer-heap-beta; its default 0.9)")
+                    help="ECP5: nextpnr's maximum placement density (--placer-heap-beta; its default 0.9); "
+                         "heap placer only, which it selects when --placer is not given")
     ap.add_argument("--place-only", action="store_true",
                     help="ECP5: stop after placement (no bitstream); report nextpnr's post-placement Fmax estimate")
     ap.add_argument("--pipelined-epilogue", action="store_true",
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
         args.baud = args.baud or chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
-        args.placer = args.placer or chosen.get("placer", "heap")
+        # a placement density is the heap placer's: it selects heap unless --placer says otherwise
+        args.placer = args.placer or ("heap" if args.placer_density is not None else chosen.get("placer", "heap"))
         if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:
             ap.error("several --lanes/--freq-mhz values need --sweep")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}

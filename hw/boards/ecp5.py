@@ -2,9 +2,9 @@
 open toolchain (Yosys, nextpnr-ecp5, ecppack; the YoWASP packages from PyPI by default).
 
 :class:`Ecp5Top` puts :class:`hw.top.Accelerator` (one weight channel, 64-bit beats) behind
-:class:`hw.boards.uart_link.UARTLink` on the board's FTDI serial port, clocked by an ``EHXPLLL`` from the
-board oscillator. :func:`build` elaborates it for a board, runs the toolchain, and writes the bitstream
-and a ``report.json`` (nextpnr's achieved Fmax against the target, utilisation, build parameters, tool
+:class:`hw.boards.uart_link.UARTLink` (:class:`LinkedCore`) on the board's FTDI serial port, clocked by an
+``EHXPLLL`` from the board oscillator. :func:`build` elaborates it for a board, runs the toolchain, and writes
+the bitstream and a ``report.json`` (nextpnr's achieved Fmax against the target, utilisation, build parameters, tool
 versions, git revision) into ``bitstreams/<board>/``. :func:`sweep` builds several configurations and
 records all of them.
 
@@ -116,17 +116,19 @@ def pll_config(f_in: float, f_out: float) -> dict[str, int | float]:
 class LinkedCore(Elaboratable):
     """The core behind the UART link, as on the boards: :class:`Ecp5Top` less the PLL and the pins.
 
-    Registers stand between the link and the core, so that no control path runs from one into the other
-    within a cycle (before them, the routed critical paths of the ECPIX-5 builds, bitstreams/README.md):
+    Registers stand between the link and the core, so that no stream handshake and no reset runs from one
+    into the other within a cycle (before them, the routed critical paths of the ECPIX-5 builds,
+    bitstreams/README.md; the AXI4-Lite register path stays direct):
 
     - each stream, the weight stream in and the output stream back, crosses a one-entry FIFO
       (:class:`amaranth.lib.fifo.SyncFIFOBuffered` of depth 1: a register for ``tdata`` and ``tlast``, and a
       registered ``w_rdy``). The transmitter's ``tready`` no longer reaches the epilogue's enable, nor the
       link's parser the core's fetcher and weight decoder. Each passes a beat every other cycle, far above
-      the link's rate (a 64-bit beat is 80 bits on the line, a 32-bit word 40: at least 160 cycles).
+      the link's rate (a 64-bit beat is 80 bits on the line, an output word's frame 60: at least 240
+      cycles).
       Deeper, the FIFO holds a memory, on which Yosys 0.70's ECP5 flow stopped with an
       ``abc_ops_reintegrate`` assertion (a ULX3S build);
-    - the link's core reset (the ``'R'`` command) is registered before it resets the core (and empties both
+    - the link's core reset (the ``'X'`` command) is registered before it resets the core (and empties both
       FIFOs), one cycle later.
 
     Parameters
@@ -318,8 +320,8 @@ def _parse_nextpnr(build_dir: Path, name: str) -> dict:
 #: nextpnr's routers (``--router``): router1 is its default, router2 its newer one (bitstreams/README.md compares them)
 ROUTERS = ("router1", "router2")
 
-#: nextpnr's placers (``--placer``): heap (analytic, its default) and static (electrostatic; on the ULX3S's
-#: folded core it left the router a placement it could finish, where heap's did not: bitstreams/README.md)
+#: nextpnr's placers (``--placer``): heap (analytic, its default) and static (electrostatic; with it, and the
+#: registers of :class:`LinkedCore`, the ULX3S's build routed: bitstreams/README.md)
 PLACERS = ("heap", "static")
 
 
@@ -447,7 +449,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "command": "python -m hw.boards " + board + f" --freq-mhz {freq_mhz:g} --lanes {core['lanes']} --seed {seed}"
                    + (f" --quant-lanes {core['quant_lanes']}" if q else "") + f" --baud {baud}"
                    + ("" if core.get("epilogue_folded") else " --pipelined-epilogue")
-                   + (f" --placer {placer}" if placer != "heap" else "")
+                   + f" --placer {placer}"
                    + (f" --router {router}" if router != "router1" else "")
                    + (f" --placer-density {density:g}" if density is not None else "")
                    + (" --place-only" if place_only else ""),
@@ -596,7 +598,8 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: ECPIX-5, the sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 70 MHz (90.21 MHz after
 #: routing; 80 MHz missed at 75.41 MHz with this core, seed 1); more than 40 lanes would gain nothing, as the
 #: link's one 64-bit channel carries 40 trits a beat. On the ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's
-#: static placer (57.07 MHz after routing; heap's placements did not route in a session there).
+#: static placer (57.07 MHz after routing; heap's placements of the core before LinkedCore did not route in a
+#: session there, and heap has not been tried since).
 CHOSEN: dict[str, dict] = {
     "ecpix5-85f": {"lanes": 32, "quant_lanes": 4, "freq_mhz": 70.0, "baud": 2_000_000, "router": "router1"},
     "ulx3s-85f": {"lanes": 16, "quant_lanes": 4, "freq_mhz": 50.0, "baud": 2_000_000, "router": "router1",

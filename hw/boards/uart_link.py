@@ -11,8 +11,8 @@ host -> board                  meaning                                     board
 =============================  ==========================================  ====================================
 ``'R'`` addr:u8                AXI4-Lite read of the register at addr      ``'r'`` data:u32
 ``'W'`` addr:u8 data:u32       AXI4-Lite write                             ``'w'``
-``'S'`` n-1:u16 flags:u8       n beats of 8 bytes to ``s_axis_w0``          ``'s'`` once the core took the n-th
-  then 8*n bytes               (flags bit 0: ``tlast`` on the n-th beat)   beat
+``'S'`` n-1:u16 flags:u8       n beats of 8 bytes to ``s_axis_w0``          ``'s'`` once the n-th beat left
+  then 8*n bytes               (flags bit 0: ``tlast`` on the n-th beat)   the link (``w0`` took it)
 ``'X'``                        reset the core (16 cycles, registers and    ``'x'``
                                state included); the link itself stays
 other                          ignored                                     ``'?'``

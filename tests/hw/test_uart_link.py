@@ -9,7 +9,7 @@ import pytest
 from host.devices.ecp5 import LinkTimeout, UartLink
 from hw import isa
 from hw.boards import uart_link as ul
-from tests.hw.uart_sim import ID_VALUES, SimSerial
+from tests.hw.uart_sim import ID_VALUES, LinkHarness, SimSerial
 
 pytestmark = pytest.mark.filterwarnings("error")
 R = isa.REGISTER_MAP
@@ -73,6 +73,29 @@ def test_core_reset_reaches_the_core(port):
     data = bytes(range(8, 32))                      # the output path works after the reset
     link.stream(data, last=True)
     assert link.read_output(timeout=5.0) == data
+
+
+def test_long_stream_under_backpressure():
+    """40 beats in, 80 words back: the output (a 60-bit frame a word) is slower than the input, so the loopback
+    stalls and back-pressure reaches the weight FIFO; nothing is lost, duplicated or reordered."""
+    port = SimSerial(LinkHarness(fifo_depth=1024))
+    link = UartLink(port, timeout=20.0)
+    data = bytes(i & 0xFF for i in range(8 * 40))
+    link.stream(data, last=True)
+    assert link.read_output(timeout=10.0) == data
+
+
+def test_reset_drops_words_in_flight():
+    """Output words queued in the core and the output FIFO when the reset comes never reach the host."""
+    port = SimSerial()
+    link = UartLink(port, timeout=5.0)
+    link.stream(bytes(range(1, 25)), last=True)
+    link.reset_core()                      # frames before 'x' are dropped by the host
+    port.run(5000)
+    assert port.read(64) == b""
+    new = bytes(range(100, 116))
+    link.stream(new, last=True)
+    assert link.read_output(timeout=5.0) == new
 
 
 class Dead:

@@ -3,7 +3,7 @@
 :class:`SimSerial` has the pyserial subset :class:`host.devices.ecp5.UartLink` uses (``read``, ``write``,
 ``reset_input_buffer``, ``close``, ``timeout``); bytes written are driven onto ``rx`` bit by bit, ``tx``
 is sampled at mid-bit, so every transaction crosses the real UART, FIFO, parser and framer. The link is
-the boards' :class:`hw.boards.ecp5.LinkedCore` (with its output FIFO and registered core reset); behind it
+the boards' :class:`hw.boards.ecp5.LinkedCore` (with its stream FIFOs and registered core reset); behind it
 sits the core's real :class:`hw.regs.RegisterBlock` and, on the stream, a loopback that returns each
 64-bit beat as two 32-bit output words (low word first, ``tlast`` on the second when the beat had it).
 """
@@ -66,7 +66,7 @@ class LoopbackCore(wiring.Component):
 
 
 def LinkHarness(*, fifo_depth: int = 64, byte_timeout: int = 4000) -> LinkedCore:
-    """The board's :class:`hw.boards.ecp5.LinkedCore` (link, output FIFO, registered core reset) around a
+    """The board's :class:`hw.boards.ecp5.LinkedCore` (link, stream FIFOs, registered core reset) around a
     :class:`LoopbackCore`."""
     return LinkedCore(LoopbackCore(), divisor=DIVISOR, fifo_depth=fifo_depth, byte_timeout=byte_timeout)
 
