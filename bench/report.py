@@ -372,7 +372,8 @@ def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[d
             else:
                 source = "design point (DESIGN.md section 4)"
             build = DESIGN_POINTS[b]
-        fmax_meas = rep.get("fmax_mhz") if rep.get("timing_met") else None
+        own_build = source.startswith("`bitstreams/")    # a measured Fmax belongs to its own build only
+        fmax_meas = rep.get("fmax_mhz") if rep.get("timing_met") and own_build else None
         fmax = float(fmax_meas) if fmax_meas else float(pb["fmax_mhz"])
         fstat = "measured Fmax" if fmax_meas else "target clock (assumed)"
         for schedule in ("default", "proposed"):

@@ -111,6 +111,19 @@ def test_measured_fmax_and_rtl_rows_are_used(report, tmp_path):
     assert "design point" in proj[("pynq-z2", "default")]["build_source"]  # 64x2x64 is not in perf.json
 
 
+def test_a_design_point_does_not_borrow_another_builds_fmax(report, tmp_path):
+    """A board whose build is not in perf.json is projected at its design point's assumed clock, not at the
+    measured Fmax of its (different) build."""
+    boards = {"ulx3s-85f": {"board": "ulx3s-85f", "status": "built", "target_mhz": 50.0, "fmax_mhz": 57.07,
+                            "timing_met": True, "lanes": 16, "channels": 1, "bus_bits": 64,
+                            "utilisation": {"TRELLIS_COMB": {"used": 30000, "available": 83640}},
+                            "git_revision": "0123456789abcdef", "command": "python -m hw.boards ulx3s-85f"}}
+    data = report.load_inputs(_tree(tmp_path, {"perf"}, boards))
+    p = {(q["board"], q["schedule"]): q for q in report.project(data)}[("ulx3s-85f", "default")]
+    assert "design point" in p["build_source"]
+    assert p["fmax_mhz"] != 57.07 and p["fmax_status"] == "target clock (assumed)"
+
+
 def test_projection_respects_roofline(report):
     data = report.load_inputs(REPO)
     if data["perf"] is None:
