@@ -371,7 +371,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     place_only : bool
         Stop after placement (nextpnr ``--no-route``, no bitstream): ``report.json`` says ``status: placed``
         and gives nextpnr's post-placement estimate as ``placed_fmax_mhz``. The estimate is not a verdict:
-        on the folded core's ECPIX-5 builds routing ended 18-35 % above it (bitstreams/README.md), so a
+        on the folded core's ECP5 builds routing ended 24-35 % above it (bitstreams/README.md), so a
         configuration that misses its target here may still close. About 10-15 minutes.
     placer : str
         nextpnr's placer, one of :data:`PLACERS`.
@@ -597,7 +597,7 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: 2 Mbaud (the core clock divided by a whole number) and nextpnr's default router1 (bitstreams/README.md). On the
 #: ECPIX-5, the sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 90 MHz (94.93 MHz after
 #: routing; 70 and 80 MHz closed too); more than 40 lanes would gain nothing, as the
-#: link's one 64-bit channel carries 40 trits a beat. On the ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's
+#: one 64-bit weight channel carries 40 trits a beat. On the ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's
 #: static placer (57.07 MHz after routing; heap's placements of the core before LinkedCore did not route in a
 #: session there, and heap has not been tried since).
 CHOSEN: dict[str, dict] = {
