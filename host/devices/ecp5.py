@@ -40,7 +40,7 @@ __all__ = ["Ecp5Device", "LinkError", "LinkTimeout", "UartLink", "DEFAULT_PORT",
 
 #: serial port used when none is given (``MMFREE_ECP5_PORT`` overrides)
 DEFAULT_PORT = "/dev/ttyUSB0"
-#: the link rate of the boards' default builds (``hw.boards.ecp5.CHOSEN``: 90 MHz / 45 on the ECPIX-5,
+#: the link rate of the boards' default builds (``hw.boards.ecp5.CHOSEN``: 100 MHz / 50 on the ECPIX-5,
 #: 50 MHz / 25 on the ULX3S; ``MMFREE_ECP5_BAUD`` overrides, for a bitstream built with another ``--baud``)
 DEFAULT_BAUD = 2_000_000
 _R = isa.REGISTER_MAP

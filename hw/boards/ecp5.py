@@ -595,13 +595,13 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 
 #: The configuration each board builds by default (``make bitstream BOARD=...``): 4 quantize lanes, the link at
 #: 2 Mbaud (the core clock divided by a whole number) and nextpnr's default router1 (bitstreams/README.md). On the
-#: ECPIX-5, the sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 90 MHz (94.93 MHz after
-#: routing; 70 and 80 MHz closed too); more than 40 lanes would gain nothing, as the
+#: ECPIX-5, the sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after
+#: routing; 70, 80 and 90 MHz closed too); more than 40 lanes would gain nothing, as the
 #: one 64-bit weight channel carries 40 trits a beat. On the ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's
 #: static placer (57.07 MHz after routing; heap's placements of the core before LinkedCore did not route in a
 #: session there, and heap has not been tried since).
 CHOSEN: dict[str, dict] = {
-    "ecpix5-85f": {"lanes": 32, "quant_lanes": 4, "freq_mhz": 90.0, "baud": 2_000_000, "router": "router1"},
+    "ecpix5-85f": {"lanes": 32, "quant_lanes": 4, "freq_mhz": 100.0, "baud": 2_000_000, "router": "router1"},
     "ulx3s-85f": {"lanes": 16, "quant_lanes": 4, "freq_mhz": 50.0, "baud": 2_000_000, "router": "router1",
                   "placer": "static"},
 }
