@@ -23,20 +23,17 @@ def _xilinx():
         return None
 
 
-def _ints(text: str) -> list[int]:
-    """A comma list of integers (``--lanes 16,32``), as an argparse ``type``."""
-    try:
-        return [int(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+def _comma_list(conv, noun: str):
+    """An argparse ``type`` reading a comma list of ``conv`` values (``--lanes 16,32``, ``--freq-mhz 50,80``)."""
+    def parse(text: str) -> list:
+        try:
+            return [conv(x) for x in text.split(",") if x]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {noun} separated by commas, got {text!r}") from None
+    return parse
 
 
-def _floats(text: str) -> list[float]:
-    """A comma list of numbers (``--freq-mhz 50,80``), as an argparse ``type``."""
-    try:
-        return [float(x) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+_ints, _floats = _comma_list(int, "integers"), _comma_list(float, "numbers")
 
 
 def main(argv: list[str] | None = None) -> int:
