@@ -9,7 +9,7 @@ import pytest
 from host.devices.ecp5 import LinkTimeout, UartLink
 from hw import isa
 from hw.boards import uart_link as ul
-from tests.hw.uart_sim import ID_VALUES, LinkHarness, SimSerial
+from tests.hw.uart_sim import ID_VALUES, SimSerial, link_harness
 
 pytestmark = pytest.mark.filterwarnings("error")
 R = isa.REGISTER_MAP
@@ -78,7 +78,7 @@ def test_core_reset_reaches_the_core(port):
 def test_long_stream_under_backpressure():
     """40 beats in, 80 words back: the output (a 60-bit frame a word) is slower than the input, so the loopback
     stalls and back-pressure reaches the weight FIFO; nothing is lost, duplicated or reordered."""
-    port = SimSerial(LinkHarness(fifo_depth=1024))
+    port = SimSerial(link_harness(fifo_depth=1024))
     link = UartLink(port, timeout=20.0)
     data = bytes(i & 0xFF for i in range(8 * 40))
     link.stream(data, last=True)

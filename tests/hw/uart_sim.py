@@ -65,7 +65,7 @@ class LoopbackCore(wiring.Component):
         return m
 
 
-def LinkHarness(*, fifo_depth: int = 64, byte_timeout: int = 4000) -> LinkedCore:
+def link_harness(*, fifo_depth: int = 64, byte_timeout: int = 4000) -> LinkedCore:
     """The board's :class:`hw.boards.ecp5.LinkedCore` (link, stream FIFOs, registered core reset) around a
     :class:`LoopbackCore`."""
     return LinkedCore(LoopbackCore(), divisor=DIVISOR, fifo_depth=fifo_depth, byte_timeout=byte_timeout)
@@ -76,7 +76,7 @@ class SimSerial:
     each ``read`` simulates at most ``cycles_per_read`` cycles."""
 
     def __init__(self, harness: LinkedCore | None = None, *, cycles_per_read: int = 3000):
-        self.h = harness or LinkHarness()
+        self.h = harness or link_harness()
         self.timeout = 1.0
         self.cycles_per_read = cycles_per_read
         self.to_board: deque[int] = deque()
