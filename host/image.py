@@ -138,6 +138,8 @@ class Instruction:
     ssq_reg: int = 0
     cb_mant: int = 0
     cb_shift: int = 0
+    ssq_bias: int = 0
+    ssq_bias_shift: int = 0
     out_frac: int = 0
     ops: list[MicroOpSpec] = field(default_factory=list)
     qconst: np.ndarray | None = None
@@ -153,7 +155,8 @@ class Instruction:
             "n": self.n, "k": self.k, "src": self.src, "q_shift": self.q_shift,
             "amax_reg": self.amax_reg, "ssq_reg": self.ssq_reg, "n_consts": len(self.consts),
             "out_frac": self.out_frac,
-            "cb_mant": self.cb_mant, "cb_shift": self.cb_shift, "weight_bytes": weight_bytes,
+            "cb_mant": self.cb_mant, "cb_shift": self.cb_shift, "ssq_bias": self.ssq_bias,
+            "ssq_bias_shift": self.ssq_bias_shift, "weight_bytes": weight_bytes,
             "const_crc": const_crc,
             "ops": [op.fields() for op in self.ops] + [{}] * (isa.MAX_OPS - len(self.ops)),
         }
@@ -333,7 +336,8 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
         flags = _enum(InstrFlags, _raw_field(head, 8, 8), ErrorCause.UNKNOWN_OPCODE, "instruction flags", **where)
         ins = Instruction(opcode=opcode, flags=flags, layer=ih.layer, n=ih.n,
                           k=ih.k, q_shift=ih.q_shift, amax_reg=ih.amax_reg, ssq_reg=ih.ssq_reg,
-                          cb_mant=ih.cb_mant, cb_shift=ih.cb_shift, out_frac=ih.out_frac, offset=pos)
+                          cb_mant=ih.cb_mant, cb_shift=ih.cb_shift, ssq_bias=ih.ssq_bias,
+                          ssq_bias_shift=ih.ssq_bias_shift, out_frac=ih.out_frac, offset=pos)
         ins.src = _enum(Buffer, _raw_field(head, 64, 4), ErrorCause.BAD_MICROOP, "source buffer", **where)
         n_ops = ih.n_ops
         if n_ops > isa.MAX_OPS:
@@ -479,7 +483,8 @@ def disassemble(image: ParsedImage | bytes, *, names: Sequence[str] | None = Non
         if ins.opcode is Opcode.GEMV:
             flags = "|".join(f.name for f in InstrFlags if f in ins.flags) or "-"
             lines.append(f"{idx:4d}: GEMV  layer {ins.layer}  {ins.n}x{ins.k}  src {ins.src.name}  "
-                         f"A=R{ins.amax_reg} SSQ=R{ins.ssq_reg}  Cb={ins.cb_mant}*2^-{ins.cb_shift}  "
+                         f"A=R{ins.amax_reg} SSQ=R{ins.ssq_reg}+{ins.ssq_bias}<<{ins.ssq_bias_shift}  "
+                         f"Cb={ins.cb_mant}*2^-{ins.cb_shift}  "
                          f"out Q.{ins.out_frac}  "
                          f"flags {flags}  consts {len(ins.consts)}{label}")
         else:

@@ -32,8 +32,12 @@ __all__ = [
     "random_weights",
 ]
 
-#: eps of the RMSNorm inside every BitLinear (``mmfreelm/ops/bitnet.py``: ``RMSNorm(in_features, eps=1e-8)``).
-BITLINEAR_NORM_EPS = 1e-8
+#: eps of the RMSNorm inside every BitLinear, as the released checkpoints run it: every projection is a
+#: ``FusedBitLinear`` (``mmfreelm/ops/fusedbitnet.py``) whose ``forward`` calls ``layer_norm_linear_quant_fn``
+#: without an ``eps``, so that function's default 1e-6 applies (the ``RMSNorm(in_features, eps=1e-8)`` built in
+#: ``BitLinear.__init__`` only supplies gamma). A model may declare another value in its ``config.json``
+#: (``bitlinear_norm_eps``, :class:`HGRNBitConfig`).
+BITLINEAR_NORM_EPS = 1e-6
 #: clamp of the absmean weight scale, ``beta = max(mean|W|, 1e-5)`` (``weight_quant``).
 WEIGHT_SCALE_MIN = 1e-5
 #: clamp of the absmax activation scale, ``max(max|u|, 1e-5)`` (``activation_quant``).
@@ -69,6 +73,9 @@ class HGRNBitConfig:
     num_hidden_layers: int
     intermediate_size: int
     rms_norm_eps: float = 1e-6
+    #: eps inside every BitLinear's RMSNorm (not a field of the released config: its value is fixed there,
+    #: :data:`BITLINEAR_NORM_EPS`); written to the shipped model's config.json so it states what it was trained with
+    bitlinear_norm_eps: float = BITLINEAR_NORM_EPS
     use_lower_bound: bool = True
     hidden_ratio: int = 4
     hidden_act: str = "swish"
@@ -118,6 +125,10 @@ class HGRNBitConfig:
                 raise ConfigError(f"{source}: {name} must be a positive integer, got {v!r}")
         if not isinstance(self.rms_norm_eps, (int, float)) or not (0 < self.rms_norm_eps < 1):
             raise ConfigError(f"{source}: rms_norm_eps must be in (0, 1), got {self.rms_norm_eps!r}")
+        if isinstance(self.bitlinear_norm_eps, bool) or not isinstance(self.bitlinear_norm_eps, (int, float)) \
+                or not (0 < self.bitlinear_norm_eps < 1):
+            raise ConfigError(
+                f"{source}: bitlinear_norm_eps must be in (0, 1), got {self.bitlinear_norm_eps!r}")
         if self.model_type != "hgrn_bit":
             raise ConfigError(f"{source}: model_type {self.model_type!r} is not supported (need 'hgrn_bit')")
         if self.use_short_conv:
@@ -163,8 +174,12 @@ class HGRNBitConfig:
 def ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """Absmean ternary quantization of one latent weight tensor (``weight_quant`` of the released code).
 
-    ``beta = max(mean|W|, 1e-5)``; ``W_t = clamp(round(W / beta), -1, 1)``. Rounding is half to even
-    (``torch.round``, ``numpy.rint``): ties only occur at ``|W| = beta/2`` exactly.
+    As ``mmfreelm/ops/bitnet.py`` ``weight_quant`` computes it in float32: ``beta = max(mean|W|, 1e-5)``,
+    ``s = fl32(1 / beta)``, ``W_t = clamp(round(W * s), -1, 1)`` with ``round`` half to even
+    (``torch.round``, ``numpy.rint``) of the float32 product; the dequantized weight is ``W_t / s``
+    (:attr:`BitLinearWeights.inv_scale`). The mean is formed in float64 and rounded once to float32 (torch's
+    float32 reduction may differ from it in the last bit). The released ``generate.py`` runs the model in
+    float16, which changes some trits (docs/NUMERICS.md); float32 is the target here.
 
     Parameters
     ----------
@@ -179,7 +194,7 @@ def ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """
     w32 = np.asarray(w, dtype=np.float32)
     beta = np.float32(max(float(np.mean(np.abs(w32), dtype=np.float64)), WEIGHT_SCALE_MIN))
-    scaled = np.divide(w32, beta)  # one temporary, rounded and clipped in place
+    scaled = np.multiply(w32, np.float32(1.0) / beta)  # float32 product, as released; rounded, clipped in place
     np.rint(scaled, out=scaled)
     np.clip(scaled, -1, 1, out=scaled)
     return scaled.astype(np.int8), beta
@@ -212,7 +227,8 @@ class BitLinearWeights:
     Attributes
     ----------
     norm : ndarray, shape [K], float32
-        ``<name>.norm.weight``: gamma of the RMSNorm applied to the input (eps :data:`BITLINEAR_NORM_EPS`).
+        ``<name>.norm.weight``: gamma of the RMSNorm applied to the input (eps
+        :attr:`HGRNBitConfig.bitlinear_norm_eps`, :data:`BITLINEAR_NORM_EPS` by default).
     trits : ndarray, shape [N, K], int8 in {-1, 0, 1}
         ``W_t`` from ``<name>.weight``, rows are output features.
     scale : numpy.float32
@@ -222,6 +238,11 @@ class BitLinearWeights:
     norm: np.ndarray
     trits: np.ndarray
     scale: np.float32
+
+    @property
+    def inv_scale(self) -> np.float32:
+        """``s = fl32(1 / beta)``: the released ``weight_quant`` dequantizes as ``W_t / s``."""
+        return np.float32(np.float32(1.0) / np.float32(self.scale))
 
     @property
     def in_features(self) -> int:

@@ -423,7 +423,8 @@ def program_shapes(hidden: int, intermediate: int, n_layers: int, vocab: int, *,
     channels : int
         Weight channels (1-16).
     output_gate : {"released", "paper"}
-        g_proj carries two constant vectors with the released output gate, one with the paper's.
+        g_proj carries three constant vectors with the released output gate (``gamma_g``, ``sqrt(eps)`` for the
+        gate norm's statistic, ``gamma_o``), one with the paper's.
 
     Raises
     ------
@@ -455,8 +456,8 @@ def program_shapes(hidden: int, intermediate: int, n_layers: int, vocab: int, *,
         prog += [
             InstrShape(G, f"{pre}.attn.i_proj", Q, li, H, H, 0, X, 1, 0, fs({A}), fs(), n_ops=2),
             InstrShape(G, f"{pre}.attn.f_proj", Q, li, H, H, 1, X, 2, 0, fs({SN}), fs(), n_ops=7),
-            InstrShape(G, f"{pre}.attn.g_proj", Q, li, H, H, 2 if output_gate == "released" else 1, X, 3, 0,
-                       fs({P}), fs({4, 5}), n_ops=7 if output_gate == "released" else 5),
+            InstrShape(G, f"{pre}.attn.g_proj", Q, li, H, H, 3 if output_gate == "released" else 1, X, 3, 0,
+                       fs({P}), fs({4, 5}), n_ops=8 if output_gate == "released" else 5),
             InstrShape(G, f"{pre}.attn.o_proj", Q, li, H, H, 2, P, 5, 4, fs({X}), fs({6, 7}), n_ops=4),
             InstrShape(G, f"{pre}.mlp.gate_proj[:I]", Q, li, inter, H, 0, X, 7, 6, fs({A}), fs(), n_ops=2),
             InstrShape(G, f"{pre}.mlp.gate_proj[I:]", R, li, inter, H, 1, X, 7, 6, fs({P}), fs({4, 5}), n_ops=4),

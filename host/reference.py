@@ -4,13 +4,15 @@ Implements the MatMul-free LM of Zhu et al., *Scalable MatMul-free Language Mode
 (arXiv 2406.02528), as the released code computes it (``ridgerchu/matmulfreellm``:
 ``mmfreelm/ops/bitnet.py``, ``mmfreelm/layers/hgrn_bit.py``, ``mmfreelm/models/hgrn_bit``), in float32:
 
-BitLinear (section 2.2 of the paper; ``BitLinear.forward``)
-    ``u = RMSNorm(x) * gamma`` (eps 1e-8), per-token absmax int8 codes
-    ``q = clamp(round(u * 127 / max(max|u|, 1e-5)), -128, 127)``, ternary weights ``W_t`` with the
-    per-tensor absmean scale ``beta`` (see :func:`host.model.ternarize`), and
-    ``y = (W_t q) * beta * max(max|u|, 1e-5) / 127``. The integer product ``W_t q`` is exact in float32
-    (``|W_t q| <= 128 K < 2**24`` for every supported K), so prompt processing and single-token decode
-    give bit-identical results. Rounding is half to even (``torch.round``, the torch path).
+BitLinear (section 2.2 of the paper; ``FusedBitLinear.forward`` of ``mmfreelm/ops/fusedbitnet.py``)
+    ``u = RMSNorm(x) * gamma`` with eps ``bitlinear_norm_eps`` (1e-6: ``layer_norm_linear_quant_fn``'s
+    default, see :data:`host.model.BITLINEAR_NORM_EPS`), per-token absmax int8 codes
+    ``q = clamp(round(u * s_a), -128, 127)`` with ``s_a = 127 / max(max|u|, 1e-5)`` and ``round`` half
+    away from zero (the Triton kernel's libdevice ``round``; :func:`round_half_away`), ternary weights
+    ``W_t`` with ``s_w = fl32(1 / beta)`` (:func:`host.model.ternarize`), and ``y = (W_t q) / s_a / s_w``:
+    the released ``(q / s_a) @ (W_t / s_w)`` with the integer product formed first. ``W_t q`` is exact in
+    float32 (``|W_t q| <= 128 K < 2**24`` for every supported K), so prompt processing and single-token
+    decode give bit-identical results.
 MLGRU token mixer (section 3.3.1, eq. 4-6; ``HGRNBitAttention.forward``)
     ``f = sigmoid(f_hat)``; beyond layer 0, ``f = lb + (1 - lb) f`` with per-channel lower bounds;
     ``c = SiLU(i) (1 - f)`` where ``1 - f`` is formed as ``(1 - lb) sigmoid(-f_hat)`` (exact algebra,
@@ -34,7 +36,7 @@ import numpy as np
 
 from host.model import ACT_SCALE_MIN, BITLINEAR_NORM_EPS, BitLinearWeights, ModelWeights
 
-__all__ = ["ReferenceModel", "OUTPUT_GATES", "rms_norm", "sigmoid", "silu", "absmax_quantize"]
+__all__ = ["ReferenceModel", "OUTPUT_GATES", "rms_norm", "sigmoid", "silu", "absmax_quantize", "round_half_away"]
 
 OUTPUT_GATES = ("released", "paper")
 
@@ -65,8 +67,31 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     return (x * (1.0 / np.sqrt(ms + np.float32(eps))) * gamma).astype(np.float32)
 
 
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    """Round to the nearest integer, ties away from zero (C ``roundf``, libdevice ``round``), exactly.
+
+    ``floor(|v| + 0.5)`` is not exact in floating point (``0.49999997 + 0.5`` rounds up to 1); this
+    splits off the integer part, whose difference from ``v`` is exact.
+
+    Parameters
+    ----------
+    v : ndarray, float32 or float64
+
+    Returns
+    -------
+    ndarray, same dtype, integral values
+    """
+    v = np.asarray(v)
+    t = np.trunc(v)
+    return t + np.sign(v) * (np.abs(v - t) >= 0.5)
+
+
 def absmax_quantize(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-token absmax int8 quantization (``activation_quant`` of the released code).
+    """Per-token absmax int8 quantization as the released Triton kernel forms the codes.
+
+    ``s_a = fl32(127 / max(max|u|, 1e-5))``, ``q = clamp(round_half_away(u * s_a), -128, 127)``
+    (``_layer_norm_fwd_quant_kernel`` of ``mmfreelm/ops/fusedbitnet.py``; ``activation_quant`` of
+    ``ops/bitnet.py`` computes the same with ``torch.round``, half to even).
 
     Parameters
     ----------
@@ -75,28 +100,29 @@ def absmax_quantize(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns
     -------
     q : ndarray, shape [T, K], float32 holding integers in [-128, 127]
-    amax : ndarray, shape [T, 1], float32
-        ``max(max|u|, 1e-5)``; the dequantized activation is ``q * amax / 127``.
+    scale : ndarray, shape [T, 1], float32
+        ``s_a``; the dequantized activation is ``q / s_a``.
     """
     amax = np.maximum(np.max(np.abs(u), axis=-1, keepdims=True), np.float32(ACT_SCALE_MIN))
-    scale = np.float32(127.0) / amax
-    q = np.clip(np.rint(u * scale), -128, 127).astype(np.float32)
-    return q, amax.astype(np.float32)
+    scale = (np.float32(127.0) / amax).astype(np.float32)
+    q = np.clip(round_half_away((u * scale).astype(np.float32)), -128, 127).astype(np.float32)
+    return q, scale
 
 
 class _BitLinear:
     """One BitLinear prepared for fast float32 evaluation (trits transposed to [K, N])."""
 
-    def __init__(self, w: BitLinearWeights):
+    def __init__(self, w: BitLinearWeights, eps: float = BITLINEAR_NORM_EPS):
         self.gamma = np.asarray(w.norm, dtype=np.float32)
         self.wt = np.ascontiguousarray(w.trits.T, dtype=np.float32)  # [K, N], exact small integers
-        self.beta = np.float32(w.scale)
+        self.s_w = w.inv_scale
+        self.eps = float(eps)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        u = rms_norm(x, self.gamma, BITLINEAR_NORM_EPS)
-        q, amax = absmax_quantize(u)
+        u = rms_norm(x, self.gamma, self.eps)
+        q, s_a = absmax_quantize(u)
         acc = q @ self.wt  # exact integer accumulation (|acc| < 2**24)
-        return (acc * (self.beta * amax / np.float32(127.0))).astype(np.float32)
+        return ((acc / s_a).astype(np.float32) / self.s_w).astype(np.float32)
 
 
 class ReferenceModel:
@@ -125,18 +151,19 @@ class ReferenceModel:
         self.eps = float(self.config.rms_norm_eps)
         self.embeddings = np.asarray(weights.embeddings, dtype=np.float32)
         self._layers = []
+        be = float(self.config.bitlinear_norm_eps)
         for idx, lw in enumerate(weights.layers):
             lb = np.asarray(weights.lower_bound(idx), dtype=np.float32)
             self._layers.append({
                 "attn_norm": np.asarray(lw.attn_norm, np.float32),
-                "i": _BitLinear(lw.i_proj), "f": _BitLinear(lw.f_proj), "g": _BitLinear(lw.g_proj),
-                "g_norm": np.asarray(lw.g_norm, np.float32), "o": _BitLinear(lw.o_proj),
+                "i": _BitLinear(lw.i_proj, be), "f": _BitLinear(lw.f_proj, be), "g": _BitLinear(lw.g_proj, be),
+                "g_norm": np.asarray(lw.g_norm, np.float32), "o": _BitLinear(lw.o_proj, be),
                 "mlp_norm": np.asarray(lw.mlp_norm, np.float32),
-                "gate": _BitLinear(lw.gate_proj), "down": _BitLinear(lw.down_proj),
+                "gate": _BitLinear(lw.gate_proj, be), "down": _BitLinear(lw.down_proj, be),
                 "lb": lb, "one_minus_lb": (np.float32(1.0) - lb).astype(np.float32),
             })
         self._norm = np.asarray(weights.norm, np.float32)
-        self._head = _BitLinear(weights.lm_head)
+        self._head = _BitLinear(weights.lm_head, be)
         self._inter = self.config.intermediate_size
 
     # ------------------------------------------------------------------------------------- state

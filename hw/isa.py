@@ -84,7 +84,10 @@ OUTPUT_MAGIC = int.from_bytes(b"MMFO", "little")  #: output packet header
 #: were streaming: the packet is then not a whole number of sections and fails to parse; STATUS says why.
 OUTPUT_ABORT_WORD = int.from_bytes(b"MMFE", "little")
 ID_MAGIC = int.from_bytes(b"MMFA", "little")      #: register map ID block
-ISA_VERSION = 1
+#: 2: the released checkpoints' numerics (BitLinear eps through ``InstrHeader.ssq_bias`` and the compiled
+#: constants, codes rounded half away from zero) and ``cb_mant``/``cb_shift`` in one word. Version 1 images
+#: and bitstreams compute the earlier arithmetic and are refused.
+ISA_VERSION = 2
 SECTION_BYTES = 64  #: every section of every stream is padded to a multiple of this
 
 # ------------------------------------------------------------------------------------ supported shapes
@@ -304,9 +307,11 @@ class InstrHeader(data.Struct):
     ssq_reg: unsigned(3)          #: scale: sum of squares of the pre-norm input
     n_consts: unsigned(3)         #: constant vectors C0.. (length n)
     out_frac: unsigned(6)         #: fraction bits of the dequantized output r0
-    reserved0: unsigned(7)
-    cb_mant: unsigned(32)         #: Cb = beta * sqrt(K) / 127 = cb_mant * 2**-cb_shift
-    cb_shift: signed(32)
+    ssq_bias_shift: unsigned(5)   #: scale: the sum of squares is ``ssq_reg + (ssq_bias << ssq_bias_shift)``
+    reserved0: unsigned(2)
+    cb_mant: unsigned(24)         #: Cb = sqrt(K) / 127 / s_w = cb_mant * 2**-cb_shift (s_w = fl32(1/beta))
+    cb_shift: signed(8)
+    ssq_bias: unsigned(32)        #: the RMSNorm epsilons in the ssq register's units (hw.numerics.ssq_with_bias)
     weight_bytes: unsigned(32)    #: packed weights, all channel blocks
     const_crc: unsigned(32)       #: CRC-32 of the constant words (0 when there are none)
     ops: data.ArrayLayout(MicroOp, MAX_OPS)

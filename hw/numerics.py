@@ -21,8 +21,8 @@ scales                24-25-bit mantissa + shift  quantize reciprocal, dequantiz
 ====================  ==========================  ==============================================
 
 Rounding: products round half up (``+ 2**(s-1)`` then an arithmetic shift); the quantize step rounds
-half up too; every int32 result saturates. The host converts embeddings to the residual format with
-round-half-even (:func:`to_fixed`).
+half away from zero, as the released Triton kernel rounds the codes (:func:`quantize`); every int32 result
+saturates. The host converts embeddings to the residual format with round-half-even (:func:`to_fixed`).
 """
 
 import math
@@ -34,7 +34,7 @@ __all__ = [
     "INT32_MIN", "INT32_MAX", "UINT64_MAX",
     "sat32", "mul", "to_fixed", "from_fixed", "block_float",
     "sigmoid_table", "sigmoid", "silu",
-    "quant_recip", "quantize", "dequant_scale", "dequant", "ssq_accumulate", "float_mant_shift",
+    "quant_recip", "quantize", "ssq_with_bias", "dequant_scale", "dequant", "ssq_accumulate", "float_mant_shift",
 ]
 
 RESIDUAL_FRAC = 16       #: default; the compiler calibrates every vector's format per model
@@ -170,24 +170,41 @@ def quant_recip(amax: int) -> tuple[int, int]:
 
 
 def quantize(w: np.ndarray, r_mant: int, r_shift: int) -> np.ndarray:
-    """int8 codes ``clamp((w * r_mant + 2**(r_shift-1)) >> r_shift, -128, 127)`` (``|w| < 2**31``)."""
+    """int8 codes: ``w * r_mant * 2**-r_shift`` rounded half away from zero, clamped to [-128, 127].
+
+    ``p = w * r_mant``; ``(p + 2**(r_shift-1) - [p < 0]) >> r_shift`` (the arithmetic shift floors, so the
+    ``- 1`` for negative products turns half up into half away from zero: ``-2.5 -> -3``, ``2.5 -> 3``),
+    the rule of the released kernel's libdevice ``round`` (docs/NUMERICS.md). ``|w| < 2**31``.
+    """
     p = np.multiply(w, np.int64(r_mant), dtype=np.int64)
-    p += 1 << (r_shift - 1)
+    p += (1 << (r_shift - 1)) - (p < 0)
     p >>= r_shift
     np.maximum(p, -128, out=p)
     return np.minimum(p, 127, out=p)
+
+
+def ssq_with_bias(ssq: int, bias: int, bias_shift: int) -> int:
+    """The statistic the scale is formed from: ``min(ssq + (bias << bias_shift), 2**64 - 1)``.
+
+    ``ssq`` is the sum-of-squares register (``InstrHeader.ssq_reg``), ``bias`` and ``bias_shift`` the
+    instruction's ``ssq_bias`` (unsigned 32) and ``ssq_bias_shift`` (0..31): the RMSNorm epsilons' constant
+    part in the register's units (docs/NUMERICS.md, "Epsilons"). The sum of a 64-bit and a 63-bit value
+    saturates at ``2**64 - 1``.
+    """
+    return min(int(ssq) + (int(bias) << int(bias_shift)), UINT64_MAX)
 
 
 def dequant_scale(ssq: int, amax: int, cb_mant: int, cb_shift: int,
                   out_frac: int = RESIDUAL_FRAC) -> tuple[int, int]:
     """Per-token dequantization scale of a GEMV: ``v = acc * s_mant * 2**-s_shift``.
 
-    BitLinear's output is ``acc * beta * max|u| / 127`` with ``u`` the RMS-normalized input; since
+    BitLinear's output is ``acc * max|u| / 127 / s_w`` with ``u`` the RMS-normalized input; since
     absmax codes ignore a positive scale (docs/ARCHITECTURE.md section 2, facts 1 and 2), this equals
-    ``acc * Cb * A / sqrt(ssq)`` with ``Cb = beta sqrt(K) / 127`` (``cb_mant * 2**-cb_shift``), ``A``
-    the absmax and ``ssq`` the sum of squares of the pre-norm input (same units; the register holds
-    squares shifted right by :data:`SSQ_SHIFT`, hence the ``+ SSQ_SHIFT / 2`` in the shift). The scalar
-    unit computes ``root = isqrt(ssq)`` (at least 1) and one integer division with a 25-bit quotient.
+    ``acc * Cb * A / sqrt(ssq)`` with ``Cb = sqrt(K) / 127 / s_w`` (``cb_mant * 2**-cb_shift``), ``A``
+    the absmax and ``ssq`` the epsilon-carrying sum of squares (:func:`ssq_with_bias`; same units: the
+    register holds squares shifted right by :data:`SSQ_SHIFT`, hence the ``+ SSQ_SHIFT / 2`` in the shift).
+    The scalar unit computes ``root = isqrt(ssq)`` (at least 1) and one integer division with a 25-bit
+    quotient.
 
     Returns
     -------

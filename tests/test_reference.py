@@ -14,7 +14,7 @@ from host.model import (
     random_weights,
     ternarize,
 )
-from host.reference import ReferenceModel, _BitLinear, absmax_quantize, rms_norm, sigmoid
+from host.reference import ReferenceModel, _BitLinear, absmax_quantize, rms_norm, round_half_away, sigmoid
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "models" / "hgrn-bit-pydoc"
@@ -34,19 +34,26 @@ def test_bitlinear_by_hand():
     w = BitLinearWeights(norm=np.ones(3, np.float32),
                          trits=np.array([[1, 0, -1], [1, 1, 0]], np.int8), scale=np.float32(0.5))
     y = _BitLinear(w)(np.array([[3.0, -4.0, 0.0]], np.float32))
-    amax = 4.0 / np.sqrt(25.0 / 3.0 + 1e-8)
+    amax = 4.0 / np.sqrt(25.0 / 3.0 + 1e-6)  # BitLinear eps 1e-6, as the released FusedBitLinear runs
     expect = np.array([95 * 0.5 * amax / 127, (95 - 127) * 0.5 * amax / 127])
     np.testing.assert_allclose(y[0], expect, rtol=1e-6)
 
 
 def test_absmax_codes_clamp_and_ties():
-    u = np.array([[1.0, -1.0, 0.5 / 127, 1.5 / 127, 0.0]], np.float32)
-    q, amax = absmax_quantize(u)
-    assert amax[0, 0] == np.float32(1.0)
-    # half to even: 0.5 -> 0, 1.5 -> 2
-    assert q.tolist() == [[127.0, -127.0, 0.0, 2.0, 0.0]]
-    q0, amax0 = absmax_quantize(np.zeros((1, 4), np.float32))
-    assert amax0[0, 0] == np.float32(1e-5) and not q0.any()
+    # amax 127: the scale s_a = 127 / amax is exactly 1, so u * s_a hits the ties exactly
+    u = np.array([[127.0, -127.0, 0.5, -0.5, 1.5, -2.5, 0.49999997, -0.49999997, 0.0]], np.float32)
+    q, s_a = absmax_quantize(u)
+    assert s_a[0, 0] == np.float32(1.0)
+    # half away from zero (the released Triton kernel's libdevice round), never half to even
+    assert q.tolist() == [[127.0, -127.0, 1.0, -1.0, 2.0, -3.0, 0.0, 0.0, 0.0]]
+    q0, s0 = absmax_quantize(np.zeros((1, 4), np.float32))
+    assert s0[0, 0] == np.float32(127.0) / np.float32(1e-5) and not q0.any()
+
+
+def test_round_half_away_is_exact():
+    v = np.array([0.5, -0.5, 2.5, -2.5, 0.49999997, -0.49999997, 1.4999999, 8388607.5, -8388607.5, 3.0],
+                 np.float32)
+    assert round_half_away(v).tolist() == [1.0, -1.0, 3.0, -3.0, 0.0, -0.0, 1.0, 8388608.0, -8388608.0, 3.0]
 
 
 def test_ternarize_absmean():

@@ -305,7 +305,8 @@ class GoldenMachine:
                     w = nx.mul(src, ins.qconst, ins.q_shift) if ins.qconst is not None else src
                     a = regs[ins.amax_reg]
                     codes = nx.quantize(w, *nx.quant_recip(a)).astype(np.int32)
-                    scale = nx.dequant_scale(regs[ins.ssq_reg], a, ins.cb_mant, ins.cb_shift, ins.out_frac)
+                    ssq = nx.ssq_with_bias(regs[ins.ssq_reg], ins.ssq_bias, ins.ssq_bias_shift)
+                    scale = nx.dequant_scale(ssq, a, ins.cb_mant, ins.cb_shift, ins.out_frac)
                 acc = np.empty(ins.n, np.int64)
                 for c, blk in enumerate(ins.blocks):
                     gemv(blk, channel_rows(ins.n, info.channels, c), ins.k, codes, self._lut, self._per_byte,
