@@ -5,13 +5,14 @@ The same computation as :mod:`host.reference` (arXiv 2406.02528 as released in
 ``ridgerchu/matmulfreellm``), written with plain PyTorch operators so that it runs on any device:
 
 BitLinear
-    ``u = RMSNorm(x) * gamma`` (eps 1e-8), per-token absmax int8 codes
-    ``q = clamp(round(u * 127 / max(max|u|, 1e-5)), -128, 127)``, then one dense matrix-vector product
+    ``u = RMSNorm(x) * gamma`` (eps ``bitlinear_norm_eps``, 1e-6 as released), per-token absmax int8 codes
+    ``q = clamp(round(u * 127 / max(max|u|, 1e-5)), -128, 127)`` (ties away from zero, as the released
+    kernel and :func:`host.reference.round_half_away`), then one dense matrix-vector product
     ``W_t q`` on the ternary weights stored *dequantized* as a dense tensor of ``weight_dtype``
     (``torch.nn.functional.linear``: cuBLAS GEMV/GEMM on CUDA, the CPU BLAS/oneDNN path on CPU), scaled by
-    ``beta * max|u| / 127``. The codes and trits are small integers, exact in bfloat16 and float32;
-    with bfloat16 weights the product is accumulated in float32 by cuBLAS and rounded to bfloat16 on
-    output (relative error about 2**-9 per GEMV output).
+    ``max|u| / 127 / s_w`` (``s_w = fl32(1 / beta)``). The codes and trits are small integers, exact
+    in bfloat16 and float32; with bfloat16 weights the product is accumulated in float32 by cuBLAS and
+    rounded to bfloat16 on output (relative error about 2**-9 per GEMV output).
 MLGRU token mixer, GLU channel mixer, pre-norm residual blocks, final RMSNorm and BitLinear LM head
     as in :class:`host.reference.ReferenceModel` (released output gate ``RMSNorm(g) gamma_g * SiLU(h)``,
     ``1 - f`` formed as ``(1 - lb) sigmoid(-f_hat)``). Elementwise work is float32.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-BITLINEAR_EPS = 1e-8
 ACT_SCALE_MIN = 1e-5
 
 __all__ = ["TorchHGRNBit"]
@@ -63,6 +63,7 @@ class TorchHGRNBit:
         self.hidden = cfg.hidden_size
         self.inter = cfg.intermediate_size
         self.eps = float(cfg.rms_norm_eps)
+        self.bitlinear_eps = float(cfg.bitlinear_norm_eps)
         f32 = dict(device=self.device, dtype=torch.float32)
 
         def vec(a):
@@ -70,7 +71,7 @@ class TorchHGRNBit:
 
         def bitlinear(w):
             return {"gamma": vec(w.norm), "w": torch.as_tensor(w.trits).to(device=self.device, dtype=weight_dtype),
-                    "beta": float(w.scale)}
+                    "inv_s_w": 1.0 / float(w.inv_scale)}
 
         self.embeddings = vec(weights.embeddings)
         self.layers = []
@@ -93,11 +94,13 @@ class TorchHGRNBit:
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * gamma
 
     def _bitlinear(self, x, p):
-        u = self._rms(x, p["gamma"], BITLINEAR_EPS)
+        u = self._rms(x, p["gamma"], self.bitlinear_eps)
         amax = u.abs().amax(-1, keepdim=True).clamp_min(ACT_SCALE_MIN)
-        q = torch.round(u * (127.0 / amax)).clamp_(-128, 127)
+        v = u * (127.0 / amax)
+        t = v.trunc()
+        q = (t + torch.sign(v) * ((v - t).abs() >= 0.5)).clamp_(-128, 127)  # round half away from zero
         acc = F.linear(q.to(self.weight_dtype), p["w"]).float()
-        return acc * (amax * (p["beta"] / 127.0))
+        return acc * (amax * (p["inv_s_w"] / 127.0))
 
     def bytes_per_token(self) -> int:
         """Bytes of dense weight storage read by one decode step (every BitLinear once, LM head included)."""

@@ -482,9 +482,10 @@ def disassemble(image: ParsedImage | bytes, *, names: Sequence[str] | None = Non
         label = f"  ; {names[idx]}" if names and idx < len(names) and names[idx] else ""
         if ins.opcode is Opcode.GEMV:
             flags = "|".join(f.name for f in InstrFlags if f in ins.flags) or "-"
+            bias = "" if not ins.ssq_bias else \
+                f"+{ins.ssq_bias}" + (f"<<{ins.ssq_bias_shift}" if ins.ssq_bias_shift else "")
             lines.append(f"{idx:4d}: GEMV  layer {ins.layer}  {ins.n}x{ins.k}  src {ins.src.name}  "
-                         f"A=R{ins.amax_reg} SSQ=R{ins.ssq_reg}+{ins.ssq_bias}<<{ins.ssq_bias_shift}  "
-                         f"Cb={ins.cb_mant}*2^-{ins.cb_shift}  "
+                         f"A=R{ins.amax_reg} SSQ=R{ins.ssq_reg}{bias}  Cb={ins.cb_mant}*2^-{ins.cb_shift}  "
                          f"out Q.{ins.out_frac}  "
                          f"flags {flags}  consts {len(ins.consts)}{label}")
         else:

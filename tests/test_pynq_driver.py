@@ -112,7 +112,15 @@ def test_wrong_id_magic(board):
 
 def test_wrong_isa_version(board):
     _, _, bit = board(Faults(version=99))
-    with pytest.raises(DeviceError, match="ISA version 99"):
+    with pytest.raises(DeviceError, match="ISA version 99, newer than this host's"):
+        open_device("pynq", bitstream=bit)
+
+
+def test_isa_1_bitstream_is_refused_with_what_to_rebuild(board):
+    """A bitstream built before ISA 2 computes the earlier arithmetic: refused, naming the fix."""
+    _, _, bit = board(Faults(version=1))
+    with pytest.raises(DeviceError, match=r"ISA version 1 \(the arithmetic before the released checkpoints' "
+                                          r"numerics.*make bitstream BOARD="):
         open_device("pynq", bitstream=bit)
 
 

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from host.devices.base import DeviceError, ReplayLogDevice
+from host.devices.base import DeviceError, ReplayLogDevice, check_isa_version
 from host.image import ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
@@ -126,9 +126,7 @@ class BoardDevice(ReplayLogDevice):
             raise DeviceError(f"device {self.name!r}: no mmfree core at the register block (ID magic "
                               f"0x{ident['magic']:08x}, expected 0x{isa.ID_MAGIC:08x}): wrong bitstream or "
                               f"wrong base address")
-        if ident["version"] != isa.ISA_VERSION:
-            raise DeviceError(f"device {self.name!r}: the bitstream's core implements ISA version "
-                              f"{ident['version']}, this host speaks {isa.ISA_VERSION}: rebuild one or the other")
+        check_isa_version(self.name, ident["version"])
         if not 1 <= ident["channels"] <= 4 or not ident["packings"]:
             raise DeviceError(f"device {self.name!r}: implausible ID block {ident}")
         self.build = ident

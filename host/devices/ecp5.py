@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from host.devices.base import DeviceError, ReplayLogDevice
+from host.devices.base import DeviceError, ReplayLogDevice, check_isa_version
 from host.image import ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
@@ -291,9 +291,7 @@ class Ecp5Device(ReplayLogDevice):
             raise DeviceError(f"device 'ecp5': ID magic 0x{magic:08x}, expected 0x{isa.ID_MAGIC:08x}: not the mmfree "
                               f"bitstream")
         ids = {off: link.read(off) for off in range(0, _R.CTRL, 4)}
-        if ids[_R.ID_VERSION] != isa.ISA_VERSION:
-            raise DeviceError(f"device 'ecp5': ISA version {ids[_R.ID_VERSION]} on the board, {isa.ISA_VERSION} here: "
-                              f"rebuild the bitstream or update the host")
+        check_isa_version("ecp5", ids[_R.ID_VERSION])
         if ids[_R.ID_CHANNELS] != 1 or ids[_R.ID_BUS_BITS] != ul.BEAT_BYTES * 8:
             raise DeviceError(f"device 'ecp5': the link drives one 64-bit channel; the board reports "
                               f"{ids[_R.ID_CHANNELS]} channel(s) of {ids[_R.ID_BUS_BITS]} bits")
