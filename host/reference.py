@@ -15,8 +15,9 @@ BitLinear (section 2.2 of the paper; ``FusedBitLinear.forward`` of ``mmfreelm/op
     decode give bit-identical results.
 MLGRU token mixer (section 3.3.1, eq. 4-6; ``HGRNBitAttention.forward``)
     ``f = sigmoid(f_hat)``; beyond layer 0, ``f = lb + (1 - lb) f`` with per-channel lower bounds;
-    ``c = SiLU(i) (1 - f)`` where ``1 - f`` is formed as ``(1 - lb) sigmoid(-f_hat)`` (exact algebra,
-    no cancellation when ``lb`` is near 1); ``h = f h + c``; output gate ``RMSNorm(g) gamma_g * SiLU(h)``
+    ``c = SiLU(i) (1 - f)`` with ``1 - f`` formed in float32 from ``f`` as the released code does (the
+    accelerator forms it as ``(1 - lb) sigmoid(-f_hat)``, which keeps the bits that float32 loses when
+    ``lb`` is near 1); ``h = f h + c``; output gate ``RMSNorm(g) gamma_g * SiLU(h)``
     as released (``"released"``), or the paper's ``sigmoid(g) * h`` (``"paper"``); then ``o_proj``.
 GLU channel mixer (section 3.3.2; ``HGRNBitMLP``)
     ``[a, b] = gate_proj(x)``, ``down_proj(SiLU(a) * b)``.
@@ -223,7 +224,7 @@ class ReferenceModel:
             xn = rms_norm(x, p["attn_norm"], self.eps)
             i_t, f_hat, g_t = p["i"](xn), p["f"](xn), p["g"](xn)
             f = (p["lb"] + p["one_minus_lb"] * sigmoid(f_hat)).astype(np.float32)
-            one_minus_f = (p["one_minus_lb"] * sigmoid(-f_hat)).astype(np.float32)
+            one_minus_f = (np.float32(1.0) - f).astype(np.float32)  # as released: swiglu(i, 1 - f)
             c = (silu(i_t) * one_minus_f).astype(np.float32)
             hs = np.empty_like(c)
             h = h_all[idx].copy()
