@@ -6,9 +6,17 @@ as released in ``ridgerchu/matmulfreellm``, with the same parameter names as the
 checkpoints ``ridger/MMfreeLM-*``, so ``host.checkpoint`` reads what this script writes exactly as it
 reads the released models:
 
-* BitLinear: ``RMSNorm(x)`` (eps 1e-8, own gamma) -> per-token absmax int8 fake quantization ->
-  absmean ternary fake-quantized weights, both through a straight-through estimator (``x + (q(x) - x)
-  .detach()``, as ``mmfreelm/ops/bitnet.py``). Rounding is ``torch.round`` (half to even).
+* BitLinear, with the numerics of the released inference path (``FusedBitLinear.forward`` of
+  ``mmfreelm/ops/fusedbitnet.py``), in float32 even under bfloat16 autocast: ``u = RMSNorm(x) * gamma``
+  with eps ``bitlinear_norm_eps`` of the config (default 1e-6: ``FusedBitLinear`` calls
+  ``layer_norm_linear_quant_fn`` without an eps, so that function's default applies, not the 1e-8 given
+  to ``BitLinear.__init__``'s unused ``RMSNorm``); per-token absmax int8 codes
+  ``q = clamp(round(u * 127 / max(max|u|, 1e-5)), -128, 127)`` with ``round`` half away from zero (the
+  Triton kernel's libdevice ``round``; :func:`round_half_away`, exact); absmean ternary weights as the
+  released ``weight_quant``: ``s = 1 / max(mean|W|, 1e-5)``, ``trits = clamp(round(W * s), -1, 1)``
+  (``torch.round``, half to even), dequantized ``trits / s``. Both through a straight-through estimator
+  whose forward value is exactly the quantized one (``q(x).detach() + (x - x.detach())``). The saved
+  ``config.json`` states ``bitlinear_norm_eps``.
 * MLGRU token mixer: ``f = sigmoid(f_proj)``, ``f = lb + (1 - lb) f`` beyond layer 0 with the per-channel
   lower bounds ``cumsum(softmax(P, 0)) - softmax(P, 0)[0]``, ``i = SiLU(i_proj) (1 - f)``,
   ``h_t = f_t h_{t-1} + i_t``, ``o = o_proj(RMSNorm(g_proj) * gamma_g * SiLU(h))``.
@@ -23,7 +31,7 @@ Needs PyTorch (the ``train`` extra), ``tokenizers``, ``safetensors`` and ``numpy
 was trained with (see ``models/hgrn-bit-pydoc/README.md``)::
 
     python scripts/prepare_corpus.py
-    python scripts/train_hgrn_bit.py --out models/hgrn-bit-pydoc --time-budget 480
+    python scripts/train_hgrn_bit.py --out models/hgrn-bit-pydoc --time-budget 400
 """
 
 from __future__ import annotations
@@ -62,26 +70,52 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def round_half_away(v: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest integer, ties away from zero (libdevice ``round``, C ``roundf``), exactly.
+
+    ``sign(v) * floor(|v| + 0.5)`` is not exact in floating point (``0.49999997 + 0.5`` rounds up to 1);
+    ``v - trunc(v)`` is exact, so comparing it with 0.5 is.
+    """
+    t = torch.trunc(v)
+    return t + torch.sign(v) * ((v - t).abs() >= 0.5).to(v.dtype)
+
+
 def activation_quant(x: torch.Tensor) -> torch.Tensor:
+    """Per-token absmax int8 fake quantization, as ``_layer_norm_fwd_quant_kernel`` (dtype of ``x``)."""
     scale = 127.0 / x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-5)
-    return (x * scale).round().clamp(-128, 127) / scale
+    return round_half_away(x * scale).clamp(-128, 127) / scale
+
+
+def weight_trits(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The released ``weight_quant``'s trits and scale ``s`` (``trits / s`` dequantized), in ``w``'s dtype.
+
+    ``s = 1 / max(mean|W|, 1e-5)``, ``trits = clamp(round(W * s), -1, 1)`` with ``torch.round`` (half to
+    even). Training passes float32; ``scripts/measure_fp16.py`` passes float16 to see what the released
+    ``generate.py`` (``model.half()``) computes.
+    """
+    s = 1.0 / w.abs().mean().clamp(min=1e-5)
+    return (w * s).round().clamp(-1, 1), s
 
 
 def weight_quant(w: torch.Tensor) -> torch.Tensor:
-    scale = w.abs().mean().clamp(min=1e-5)
-    return (w / scale).round().clamp(-1, 1) * scale
+    trits, s = weight_trits(w)
+    return trits / s
 
 
 class BitLinear(nn.Linear):
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, norm_eps: float = 1e-6):
         super().__init__(in_features, out_features, bias=False)
-        self.norm = RMSNorm(in_features, eps=1e-8)
+        self.norm = RMSNorm(in_features, eps=norm_eps)
 
     def forward(self, x):
-        x = self.norm(x.float())
-        xq = x + (activation_quant(x) - x).detach()
-        w = self.weight.float()
-        wq = w + (weight_quant(w) - w).detach()
+        # The norm and both quantizations in float32 whatever the autocast; the GEMM under it.
+        # Straight-through estimators written ``q.detach() + (x - x.detach())``: the forward value is
+        # exactly q (x - x is 0), where ``x + (q - x).detach()`` would be q up to float rounding.
+        with torch.autocast(x.device.type, enabled=False):
+            x = self.norm(x.float())
+            xq = activation_quant(x).detach() + (x - x.detach())
+            w = self.weight.float()
+            wq = weight_quant(w).detach() + (w - w.detach())
         return F.linear(xq, wq)  # under autocast this GEMM runs in bfloat16
 
 
@@ -111,14 +145,14 @@ def hgrn_scan(i: torch.Tensor, f: torch.Tensor, h0: torch.Tensor | None, chunk: 
 
 
 class HGRNBitAttention(nn.Module):
-    def __init__(self, hidden: int, eps: float, layer_idx: int):
+    def __init__(self, hidden: int, eps: float, layer_idx: int, bl_eps: float = 1e-6):
         super().__init__()
         self.layer_idx = layer_idx
-        self.i_proj = BitLinear(hidden, hidden)
-        self.f_proj = BitLinear(hidden, hidden)
-        self.g_proj = BitLinear(hidden, hidden)
+        self.i_proj = BitLinear(hidden, hidden, bl_eps)
+        self.f_proj = BitLinear(hidden, hidden, bl_eps)
+        self.g_proj = BitLinear(hidden, hidden, bl_eps)
         self.g_norm = RMSNorm(hidden, eps)
-        self.o_proj = BitLinear(hidden, hidden)
+        self.o_proj = BitLinear(hidden, hidden, bl_eps)
 
     def forward(self, x, lower_bound, h0, chunk):
         i = self.i_proj(x).float()
@@ -132,10 +166,10 @@ class HGRNBitAttention(nn.Module):
 
 
 class HGRNBitMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, bl_eps: float = 1e-6):
         super().__init__()
-        self.gate_proj = BitLinear(hidden, 2 * intermediate)
-        self.down_proj = BitLinear(intermediate, hidden)
+        self.gate_proj = BitLinear(hidden, 2 * intermediate, bl_eps)
+        self.down_proj = BitLinear(intermediate, hidden, bl_eps)
 
     def forward(self, x):
         a, b = self.gate_proj(x).float().chunk(2, -1)
@@ -146,10 +180,11 @@ class HGRNBitBlock(nn.Module):
     def __init__(self, cfg: dict, layer_idx: int):
         super().__init__()
         h, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
+        bl_eps = cfg.get("bitlinear_norm_eps", 1e-6)
         self.attn_norm = RMSNorm(h, eps)
-        self.attn = HGRNBitAttention(h, eps, layer_idx)
+        self.attn = HGRNBitAttention(h, eps, layer_idx, bl_eps)
         self.mlp_norm = RMSNorm(h, eps)
-        self.mlp = HGRNBitMLP(h, cfg["intermediate_size"])
+        self.mlp = HGRNBitMLP(h, cfg["intermediate_size"], bl_eps)
 
     def forward(self, x, lower_bound, h0, chunk):
         a, h_last = self.attn(self.attn_norm(x), lower_bound, h0, chunk)
@@ -172,7 +207,7 @@ class HGRNBitForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = HGRNBitModel(cfg)
-        self.lm_head = BitLinear(cfg["hidden_size"], cfg["vocab_size"])
+        self.lm_head = BitLinear(cfg["hidden_size"], cfg["vocab_size"], cfg.get("bitlinear_norm_eps", 1e-6))
         self._init()
 
     def _init(self):
@@ -289,6 +324,8 @@ def load_hf(out: Path) -> HGRNBitForCausalLM:
     cfg_all = json.loads((out / "config.json").read_text())
     cfg = {k: cfg_all[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                    "intermediate_size", "rms_norm_eps")}
+    # a config without the field: the released code's value
+    cfg["bitlinear_norm_eps"] = cfg_all.get("bitlinear_norm_eps", 1e-6)
     model = HGRNBitForCausalLM(cfg)
     sd = {}
     for f in sorted(out.glob("model*.safetensors")):
@@ -329,6 +366,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=480.0, help="seconds of training at most")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--bitlinear-norm-eps", type=float, default=1e-6,
+                    help="eps of BitLinear's RMSNorm (the released FusedBitLinear's: 1e-6); saved in config.json")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fixture-positions", type=int, default=96)
     ap.add_argument("--log", type=Path, default=None, help="JSON training log (default OUT/train_log.json)")
@@ -344,7 +383,8 @@ def main(argv=None) -> int:
     held = load_tokens(tok, args.data / "heldout.txt")
     held_bytes = len((args.data / "heldout.txt").read_bytes())
     cfg = {"vocab_size": tok.get_vocab_size(), "hidden_size": args.hidden, "num_hidden_layers": args.layers,
-           "intermediate_size": args.intermediate, "rms_norm_eps": 1e-6}
+           "intermediate_size": args.intermediate, "rms_norm_eps": 1e-6,
+           "bitlinear_norm_eps": args.bitlinear_norm_eps}
     model = HGRNBitForCausalLM(cfg).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"device {device}, params {n_params:,}, train tokens {len(train):,}, held-out tokens {len(held):,}",
