@@ -16,9 +16,9 @@ dtypes of the released kernels when the model is in float16 and no autocast is o
 
 It reports (a) the share of trits that change when ``weight_quant`` runs in float16, (b) the logits of the
 float16 model against the float32 one on held-out text, in units of the float32 logits' standard
-deviation at each position, greedy agreement, and held-out perplexity, and (c) the effect of keeping the
-recurrent state in float16 between decode steps. Needs PyTorch; a GPU to measure what CUDA computes.
-Not imported by the tests.
+deviation at each position, greedy agreement, and held-out perplexity, split into the trits' share and
+the rest's, and (c) the effect of keeping the recurrent state in float16 between decode steps. Needs
+PyTorch; a GPU to measure what CUDA computes. Not imported by the tests.
 
 Usage::
 
@@ -54,24 +54,31 @@ def _rms(x, weight, eps, dt):
     return T.rms_norm(x.float(), weight.float(), eps).to(dt)
 
 
-def _bitlinear(lin, x, dt):
-    """``FusedBitLinear.forward`` with the module's parameters already in ``dt``."""
+def _bitlinear(lin, x, dt, wq_dt=None):
+    """``FusedBitLinear.forward`` with the module's parameters already in ``dt``.
+
+    ``weight_quant`` runs in ``wq_dt`` (default ``dt``, as released), its result cast to ``dt``.
+    """
     u = T.rms_norm(x.float(), lin.norm.weight.float(), lin.norm.eps)
     y = T.activation_quant(u).to(dt)                    # stored in the output dtype
-    trits, s = T.weight_trits(lin.weight)               # all in dt, as the released weight_quant
-    return F.linear(y, trits / s)
+    trits, s = T.weight_trits(lin.weight.to(wq_dt or dt))
+    return F.linear(y, (trits / s).to(dt))
 
 
 def _swiglu(a, b, dt):
     return (F.silu(a.float()) * b.float()).to(dt)
 
 
-def forward_rt(m, ids, dt, state=None, state_dt=None):
+def forward_rt(m, ids, dt, state=None, state_dt=None, wq_dt=None):
     """Logits (float32) and final states of ``m`` (parameters in ``dt``) on ids [B, T].
 
     ``state``: per-layer [B, D] tensors (any dtype) or None; the returned states are in ``state_dt``
-    (default ``dt``, as the released kernel stores them).
+    (default ``dt``, as the released kernel stores them). ``wq_dt``: dtype of ``weight_quant``
+    (default ``dt``).
     """
+    def bl(lin, v):
+        return _bitlinear(lin, v, dt, wq_dt)
+
     state_dt = state_dt or dt
     x = m.model.embeddings.weight[ids]
     lbs = m.model.lower_bounds.softmax(0)
@@ -81,8 +88,8 @@ def forward_rt(m, ids, dt, state=None, state_dt=None):
         at = layer.attn
         residual = x
         h_in = _rms(x, layer.attn_norm.weight, layer.attn_norm.eps, dt)
-        i = _bitlinear(at.i_proj, h_in, dt)
-        f = _bitlinear(at.f_proj, h_in, dt).sigmoid()
+        i = bl(at.i_proj, h_in)
+        f = bl(at.f_proj, h_in).sigmoid()
         if li > 0:
             f = lbs[li] + (1 - lbs[li]) * f
         c = _swiglu(i, 1 - f, dt)
@@ -94,16 +101,16 @@ def forward_rt(m, ids, dt, state=None, state_dt=None):
             outs.append(h.to(dt))
         new_state.append(h.to(state_dt))
         o = torch.stack(outs, 1)
-        g = _bitlinear(at.g_proj, h_in, dt)
+        g = bl(at.g_proj, h_in)
         gated = (T.rms_norm(g.float(), at.g_norm.weight.float(), at.g_norm.eps) * F.silu(o.float())).to(dt)
-        a = _bitlinear(at.o_proj, gated, dt)
+        a = bl(at.o_proj, gated)
         s32 = a.float() + residual.float()
         residual = s32.to(dt)
         h_mlp = _rms(s32, layer.mlp_norm.weight, layer.mlp_norm.eps, dt)
-        ga, gb = _bitlinear(layer.mlp.gate_proj, h_mlp, dt).chunk(2, -1)
-        x = residual + _bitlinear(layer.mlp.down_proj, _swiglu(ga, gb, dt), dt)
+        ga, gb = bl(layer.mlp.gate_proj, h_mlp).chunk(2, -1)
+        x = residual + bl(layer.mlp.down_proj, _swiglu(ga, gb, dt))
     x = _rms(x, m.model.norm.weight, m.model.norm.eps, dt)
-    return _bitlinear(m.lm_head, x, dt).float(), new_state
+    return bl(m.lm_head, x).float(), new_state
 
 
 def decode_rt(m, ids, dt, state_dt):
@@ -203,6 +210,10 @@ def main(argv=None) -> int:
             "fp16_decode_state_fp16": decode_rt(m16, ids, torch.float16, torch.float16),
             "fp16_decode_state_fp32": decode_rt(m16, ids, torch.float16, torch.float32),
             "fp32_decode_state_fp16": decode_rt(model32, ids, torch.float32, torch.float16),
+            # which part of float16 matters: only the trits (weight_quant in float16, the rest float32),
+            # or everything but the trits (weight_quant in float32, the rest float16)
+            "fp32_with_fp16_trits_parallel": forward_rt(model32, ids, torch.float32, wq_dt=torch.float16)[0],
+            "fp16_with_fp32_trits_parallel": forward_rt(m16, ids, torch.float16, wq_dt=torch.float32)[0],
         }
         res["b_logits_vs_fp32_parallel"] = {k: compare(ref[0], v[0], tgt) for k, v in variants.items()}
         res["b_logits_note"] = (f"ids = BOS + the first {n - 1} tokens of {args.text.name}; reference: "
@@ -222,7 +233,10 @@ def main(argv=None) -> int:
         wins = [toks[s:s + 512] for s in range(0, len(toks), 512)]
         if args.heldout_windows >= 0:
             wins = wins[: args.heldout_windows]
-        nll = {"fp32": 0.0, "fp16": 0.0}
+        runs = {"fp32": (model32, torch.float32, None), "fp16": (m16, torch.float16, None),
+                "fp32_with_fp16_trits": (model32, torch.float32, torch.float16),
+                "fp16_with_fp32_trits": (m16, torch.float16, torch.float32)}
+        nll = dict.fromkeys(runs, 0.0)
         count = 0
         full = [w for w in wins if len(w) == 512]
         rest = [w for w in wins if len(w) != 512]
@@ -230,8 +244,8 @@ def main(argv=None) -> int:
         for grp in groups:
             w = torch.from_numpy(np.stack(grp).astype(np.int64)).to(device)
             inp = torch.cat([torch.ones_like(w[:, :1]), w[:, :-1]], 1)
-            for key, mm, dt in (("fp32", model32, torch.float32), ("fp16", m16, torch.float16)):
-                lg, _ = forward_rt(mm, inp, dt)
+            for key, (mm, dt, wq) in runs.items():
+                lg, _ = forward_rt(mm, inp, dt, wq_dt=wq)
                 nll[key] += F.cross_entropy(lg.flatten(0, 1), w.flatten(), reduction="sum").item()
             count += w.numel()
         res["heldout"] = {"tokens": count, "windows": len(wins), **{
