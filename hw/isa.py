@@ -69,7 +69,8 @@ __all__ = [
     "section_pad",
     "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
     "ACC_BITS", "acc_bits_for",
-    "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Counter",
+    "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Ctrl", "Status", "IRQ_SOURCES",
+    "Counter",
     "ImageHeader", "TokenHeader", "OutputTrailer", "MicroOp", "InstrHeader",
     "pack", "unpack", "crc32_words", "layout_bytes",
     "pack_trits", "unpack_trits", "packed_trit_bytes", "TRIT_2BIT_CODES",
@@ -208,6 +209,25 @@ class ErrorCause(enum.Enum, shape=unsigned(8)):
     TOKEN_CRC = 13       #: token packet CRC
     ABORTED = 14         #: the host aborted (reset) in the middle of a token
     NO_END = 15          #: the image has no END_TOKEN
+
+
+class Ctrl(enum.Flag, shape=unsigned(32)):
+    """``CTRL`` (write only; each bit a one-cycle strobe, reads back as 0)."""
+
+    CLEAR = 1   #: leave the error state: the core stops dropping input and waits for the next token packet
+    ABORT = 2   #: stop the token in flight: ErrorCause.ABORTED, the committed state untouched
+
+
+class Status(enum.Flag, shape=unsigned(32)):
+    """``STATUS`` (read only). The core's ``irq`` output is ``DONE | ERROR`` (a level)."""
+
+    BUSY = 1    #: a token is in flight (from its packet's first beat to the output packet's last word)
+    DONE = 2    #: the last token completed and committed (until the next token starts)
+    ERROR = 4   #: a token stopped with ERROR_CAUSE / ERROR_WHERE; input is dropped until Ctrl.CLEAR
+
+
+#: The ``Status`` bits that drive the core's ``irq`` output (level).
+IRQ_SOURCES = Status.DONE | Status.ERROR
 
 
 class Counter(enum.Enum, shape=unsigned(8)):
@@ -482,8 +502,8 @@ class RegisterMap:
     ID_QUANT_LANES: int = 0x28     #: codes formed per cycle by the quantize prologue
     ID_ACC_BITS: int = 0x2C
     ID_EPILOGUE: int = 0x30        #: epilogue form: 0 pipelined (an element a cycle), 1 folded (hw/epilogue.py)
-    CTRL: int = 0x40               #: bit 0 start token, bit 1 abort (reset the sequencer), bit 2 logits out
-    STATUS: int = 0x44             #: bit 0 busy, bit 1 done, bit 2 error
+    CTRL: int = 0x40               #: :class:`Ctrl` (write): CLEAR, ABORT
+    STATUS: int = 0x44             #: :class:`Status` (read): BUSY, DONE, ERROR
     ERROR_CAUSE: int = 0x48        #: ErrorCause
     ERROR_WHERE: int = 0x4C        #: instruction index of the error
     POSITION: int = 0x50           #: token position of the last output

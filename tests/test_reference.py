@@ -165,8 +165,10 @@ def test_reference_reproduces_training_code_logits():
     so now and then an int8 activation code lands on the other side of a rounding boundary; ternary
     networks are discontinuous there, and the recurrent state carries the difference forward. (Torch on
     two different CPUs disagrees with itself in the same way: 0.24 max logit difference on this fixture.)
-    Measured when the fixture was made: median |dlogit| 0.75 % of the logits' standard deviation, max
-    8.4 %, greedy agreement 99 % (95 of 96 positions). Bounds: median 2 %, max 15 %, agreement 97 %.
+    Measured when the fixture was made (the model retrained with the released numerics): median |dlogit|
+    0.74 % of the logits' standard deviation, max 8.9 %, greedy agreement 99 % (95 of 96 positions); of the
+    first 8 positions, 6 agree to 3e-6 of the spread and 2 carry a code flip at a near tie (position 2:
+    an activation a few ulps from a .5 boundary). Bounds: median 2 %, max 15 %, agreement 97 %.
     """
     from host.checkpoint import load_checkpoint
 
@@ -179,6 +181,8 @@ def test_reference_reproduces_training_code_logits():
     assert float(np.median(err)) < 0.02 * spread
     assert float(err.max()) < 0.15 * spread
     assert (logits.argmax(-1) == want.argmax(-1)).mean() >= 0.97
-    # the first positions run before any code flips: they agree to float32 rounding
-    np.testing.assert_allclose(logits[:4], want[:4], rtol=1e-4, atol=1e-4 * spread)
+    # the first position (BOS from the zero state) and most of the next ones agree to float32 rounding;
+    # the others carry an int8 code flipped at a near tie
+    close = np.abs(logits[:8] - want[:8]).max(-1) < 1e-4 * spread
+    assert close[0] and close.sum() >= 6, close
     assert float(np.abs(state - fix["state"]).max()) < 0.01 * float(np.abs(fix["state"]).max())

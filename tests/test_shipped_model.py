@@ -23,22 +23,28 @@ HELDOUT = ROOT / "data" / "pydoc" / "heldout.txt"
 # defaults: temperature 0.8, top-k 50, top-p 0.95, repetition penalty 1.1) on the default, golden device:
 # integer arithmetic end to end, so the text is the same on every machine.
 PINNED_SAMPLED = (
-    " has an\nauditable interface to the Windows installer.\n\n\n.. _venv-software:\n\nSimple Memory Access\n"
-    "==========================\n\nWhen running Python from a virtual environment, there is no current user agent\n"
-    "references to your system, and it can be more appropriate to determine if a different directory\nyou cannot "
-    "use. Therefore if"
+    " can be in\nannouncement that wasn't.  The following example demonstrates the standard C\nextension"
+    "s::\n\n   >>> import sys\n   >>> sys.maxsize\n   'a'\n\nFor more information about a strongly funct"
+    'ional error, you can reliably detect them\nincrease anywhere on the interpreter itself or by'
 )
 # The same on the float reference (float32 numpy: the same text on this machine family; another libm or
 # SIMD path may round a sigmoid differently and take another branch).
 PINNED_SAMPLED_REFERENCE = (
-    " has an\nauditable interface to the user of a web browser. The standard library is\nimplemented by "
-    "default. It adds or removing these functions as input and history\nto output from the program. If "
-    "*cmd* is less than 0, the file mode is read.\n\n\n.. function:: gdb(rv_dir, *, popen_hook="
+    ' can be in\n      order to write Python programs or a simple browser to standard library.  The\n   '
+    "   standard library will probably ignore this exception and do the same\n      system's own ``propa"
+    'gate`` error.  (Note that the latter is the only affected\n      value in Python).\n\n.. _windows-p'
+    'ython_exporting_interpreter:'
 )
+# Greedy from "def main():". The two devices part at the second token, where the reference's top two
+# logits are 0.025 apart (the golden device's fixed point is within 0.2 of the reference's logits, so it
+# picks the other one: docs/NUMERICS.md, the noise floor).
 PINNED_GREEDY = (
-    "\n            try:\n                break\n            except Exception:\n                break\n"
-    "            except ExceptionGroup:\n                raise ValueError\n            }\n            }\n"
-    "            }\n            }\n"
+    "\n            print('Close the connection')\n            print('Close the connection')\n           "
+    " print('Close the connection')\n\n   (The :meth:`loop.create_connection"
+)
+PINNED_GREEDY_REFERENCE = (
+    "\n    ...     print(elem.getvalue())\n    ...\n    >>> print(ast.dump(ast.parse('a, b, c'), indent="
+    '4))\n'
 )
 
 
@@ -75,7 +81,7 @@ def test_pinned_seeded_generation(checkpoint, device):
 
 def test_pinned_greedy_generation(checkpoint, device):
     r = generate_text(device, checkpoint.tokenizer, "def main():", max_new_tokens=40, temperature=0.0)
-    assert r.text == PINNED_GREEDY
+    assert r.text == (PINNED_GREEDY if device.name == "golden" else PINNED_GREEDY_REFERENCE)
 
 
 def test_heldout_bits_per_byte_prefix(checkpoint, device):
