@@ -3,10 +3,10 @@
 The absmax barrier's second read (docs/RTL.md, ``hw/quant.py``; ``hw.isa`` GEMV step 1): for
 ``k < K``, ``w[k] = hw.numerics.mul(src[k], qc[k], q_shift)`` when the instruction has ``QCONST``
 (else ``w[k] = src[k]``) and ``q[k] = hw.numerics.quantize(w[k], r_mant, r_shift)``
-``= clamp((w * r_mant + 2**(r_shift-1)) >> r_shift, -128, 127)``, with ``(r_mant, r_shift)`` from the
-scalar unit (``hw.numerics.quant_recip``). The source and ``QC`` vectors are read through synchronous
-read ports, ``quant_lanes`` int32 elements per word; the codes are written as code-buffer words of
-``lanes`` codes (:func:`hw.streams.code_word_layout`).
+``= clamp((p + 2**(r_shift-1) - [p < 0]) >> r_shift, -128, 127)`` with ``p = w * r_mant`` (rounded half
+away from zero) and ``(r_mant, r_shift)`` from the scalar unit (``hw.numerics.quant_recip``). The source
+and ``QC`` vectors are read through synchronous read ports, ``quant_lanes`` int32 elements per word; the
+codes are written as code-buffer words of ``lanes`` codes (:func:`hw.streams.code_word_layout`).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
@@ -92,8 +92,9 @@ class Quantizer(wiring.Component):
     ``a + 1``: the data arrive and the four 16 x 16 partial products of ``src * qc`` (32 x 32 signed)
     are registered; ``a + 2``: their sum (the exact product) plus the rounding constant; ``a + 3``:
     arithmetic shift by ``q_shift``, saturation to int32 (``w``); ``a + 4``: ``w * r_mant`` (32 x 26)
-    registered; ``a + 5``: plus the rounding constant; ``a + 6``: shift by ``r_shift``, clamp to int8,
-    into the code word register; ``a + 7``: the word's write (when it completes a code word, or is the
+    registered, with the sign of ``w``; ``a + 5``: plus the rounding constant (``2**(r_shift-1)``, less one
+    for a negative ``w``: half away from zero); ``a + 6``: shift by ``r_shift``, clamp to int8, into the
+    code word register; ``a + 7``: the word's write (when it completes a code word, or is the
     last). One multiplier, adder or shifter-and-compare per cycle keeps every path short (the ECP5
     targets of ``hw.boards``). ``done`` comes ``ceil(k / quant_lanes) + 6`` cycles after the transfer
     (:attr:`latency` = 6, ``host.perf.QUANT_LATENCY``). ``k = 0`` is treated as one empty word: one
@@ -104,7 +105,7 @@ class Quantizer(wiring.Component):
     Resources: ``5 * quant_lanes`` multipliers (per lane the 32 x 32 signed product of ``mul`` as four
     16 x 16 partial products, each one 18 x 18 DSP block, and a signed 32 x unsigned 26 for
     ``quantize``); per lane two variable arithmetic right shifters (64 bits); about
-    ``quant_lanes * 370 + lanes * 8`` flip-flops; no memories (the vectors and the code buffer are
+    ``quant_lanes * 371 + lanes * 8`` flip-flops; no memories (the vectors and the code buffer are
     outside).
 
     Raises
@@ -190,6 +191,7 @@ class Quantizer(wiring.Component):
         qconst = Signal()
         rnd1 = Signal(64)        # 2**(q_shift - 1), 0 for q_shift = 0
         rnd2 = Signal(64)        # 2**(r_shift - 1), 0 for r_shift = 0
+        rnd2n = Signal(64)       # 2**(r_shift - 1) - 1, 0 for r_shift = 0: the constant for a negative product
         # saturation thresholds: floor(s / 2**n) >= 2**b  <=>  s >= 2**(b + n), and < -2**b  <=>  s < -2**(b + n);
         # a signed 64-bit s reaches them only for b + n <= 62 (else sat_* is 0 and the shift alone is exact)
         thr1, thr2 = Signal(signed(64)), Signal(signed(64))     # 2**(31 + q_shift), 2**(7 + r_shift)
@@ -236,6 +238,7 @@ class Quantizer(wiring.Component):
                 q_shift.eq(Mux(cmd.qconst, cmd.q_shift, 0)),
                 rnd1.eq(Mux(cmd.qconst, (Const(1, 65) << cmd.q_shift)[1:], 0)),
                 rnd2.eq((Const(1, 65) << cmd.r_shift)[1:]),
+                rnd2n.eq(((Const(1, 65) << cmd.r_shift) - 1)[1:]),
                 thr1.eq(Const(1 << 31, 64) << Mux(cmd.qconst, cmd.q_shift, 0)),
                 thr2.eq(Const(1 << 7, 64) << cmd.r_shift),
                 nthr1.eq(-(Const(1 << 31, 64) << Mux(cmd.qconst, cmd.q_shift, 0))[:64]),
@@ -263,12 +266,15 @@ class Quantizer(wiring.Component):
             m.d.comb += t1.eq((sum1 >> q_shift)[:32])
             w = Signal(signed(32), name=f"w_{j}")
             m.d.sync += w.eq(Mux(sat1 & (sum1 >= thr1), _INT32_MAX, Mux(sat1 & (sum1 < nthr1), _INT32_MIN, t1)))
-            # stage 4: p2 = w * r_mant (|p2| < 2**57)
+            # stage 4: p2 = w * r_mant (|p2| < 2**57), and its sign: p2 < 0 exactly when w < 0 (r_mant >= 0;
+            # for r_mant = 0 both constants give code 0)
             p2 = Signal(signed(59), name=f"p2_{j}")
-            m.d.sync += p2.eq(w * r_mant)
-            # stage 5: p2 + 2**(r_shift-1) (exact in int64: |p2| < 2**57, r_shift <= 63)
+            neg = Signal(name=f"neg_{j}")
+            m.d.sync += [p2.eq(w * r_mant), neg.eq(w[31])]
+            # stage 5: p2 + 2**(r_shift-1) - [p2 < 0] (exact in int64: |p2| < 2**57, r_shift <= 63): the floor
+            # of the shift then rounds half away from zero, as hw.numerics.quantize
             sum2 = Signal(signed(64), name=f"sum2_{j}")
-            m.d.sync += sum2.eq(p2 + rnd2)
+            m.d.sync += sum2.eq(p2 + Mux(neg, rnd2n, rnd2))
             # stage 6: clamp(sum2 >> r_shift, -128, 127); lanes >= count are 0
             t2 = Signal(signed(8), name=f"t2_{j}")
             m.d.comb += t2.eq((sum2 >> r_shift)[:8])

@@ -28,19 +28,24 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ScalarRequest", "ScalarResult", "ScalarUnit", "SCALAR_LATENCY"]
+__all__ = ["ScalarRequest", "ScalarResult", "ScalarUnit", "SCALAR_LATENCY", "SsqBias", "SSQ_BIAS_LATENCY"]
 
 _ROOT_STEPS = 32   #: isqrt of a 64-bit value: one root bit per step
 _QUOT_STEPS = 25   #: both quotients are < 2**25
 #: Cycles from the transfer on ``i`` (cycle 0) to ``o.valid``: 1 input normalization, 32 root steps, 1 root
 #: leading-zero count, 1 reload, 25 steps, and ``o.valid`` in the next cycle.
 SCALAR_LATENCY = 1 + _ROOT_STEPS + 2 + _QUOT_STEPS + 1
+#: Cycles from ``SsqBias.load`` (cycle 0) to the first cycle its ``o`` holds the statistic: the operands and
+#: the shifted bias registered, then the low halves' sum.
+SSQ_BIAS_LATENCY = 2
+_U64_MAX = (1 << 64) - 1
 
 
 class ScalarRequest(data.Struct):
     """``ScalarUnit.i`` payload: the inputs of a GEMV's scales (the ``InstrHeader`` fields and registers).
 
-    ``ssq``: unsigned(64), the sum-of-squares reduction register (``InstrHeader.ssq_reg``);
+    ``ssq``: unsigned(64), the statistic ``hw.numerics.ssq_with_bias(R[ssq_reg], ssq_bias, ssq_bias_shift)``
+    (the sum-of-squares reduction register plus the instruction's epsilon term, :class:`SsqBias`);
     ``amax``: unsigned(32), the absmax reduction register (``InstrHeader.amax_reg``; 0 is taken as 1);
     ``cb_mant``: unsigned(32), ``cb_shift``: signed(32), ``out_frac``: unsigned(6) (``InstrHeader``).
     """
@@ -262,4 +267,64 @@ class ScalarUnit(wiring.Component):
                 m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
                     m.next = "IDLE"
+        return m
+
+
+class SsqBias(wiring.Component):
+    """The statistic a GEMV's scale is formed from, ``hw.numerics.ssq_with_bias(ssq, bias, bias_shift)``
+    ``= min(ssq + (bias << bias_shift), 2**64 - 1)`` (``InstrHeader.ssq_reg``'s register, ``ssq_bias`` and
+    ``ssq_bias_shift``; docs/ISA.md, GEMV step 1), for :class:`ScalarRequest`'s ``ssq``.
+
+    No parameters.
+
+    Attributes
+    ----------
+    load : In(1)
+        Takes ``ssq``, ``bias`` and ``bias_shift`` in this cycle.
+    ssq : In(64)
+        The sum-of-squares register (unsigned).
+    bias : In(32), bias_shift : In(5)
+        The instruction's epsilon term, ``bias << bias_shift < 2**63``.
+    o : Out(64)
+        The saturating sum of the last ``load``'s operands.
+
+    Timing
+    ------
+    ``load`` in cycle 0 registers ``ssq`` and ``bias << bias_shift``; cycle 1 registers the sum of their low
+    32-bit halves with its carry; from cycle 2 (:data:`SSQ_BIAS_LATENCY`) ``o`` is the high halves' sum with
+    that carry, saturated, over the low half, and it holds up to and including the next ``load``'s cycle. Each
+    cycle is one shifter or one adder of at most 33 bits (the ECP5 timing of ``hw.boards``), so the
+    sequencer loads it at an instruction's dispatch and the scalar unit's request, two cycles later, carries
+    it with no added cycle.
+
+    Resources: a 32-to-63-bit left shifter, two 33-bit adders, about 160 flip-flops; no multipliers.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "load": In(1),
+            "ssq": In(64),
+            "bias": In(32),
+            "bias_shift": In(5),
+            "o": Out(64),
+        })
+
+    @property
+    def latency(self) -> int:
+        """Cycles from ``load`` to the first cycle ``o`` holds the result (:data:`SSQ_BIAS_LATENCY`, 2)."""
+        return SSQ_BIAS_LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        a = Signal(64)         # ssq
+        b = Signal(63)         # bias << bias_shift (< 2**63)
+        lo = Signal(33)        # a[:32] + b[:32], with the carry on top
+        with m.If(self.load):
+            m.d.sync += [a.eq(self.ssq), b.eq(self.bias << self.bias_shift)]
+        m.d.sync += lo.eq(a[:32] + b[:32])
+        hi = Signal(33)
+        m.d.comb += [
+            hi.eq((Cat(lo[32], a[32:]) + Cat(lo[32], b[32:]))[1:]),   # the carry in as an extra low bit
+            self.o.eq(Mux(hi[32], _U64_MAX, Cat(lo[:32], hi[:32]))),
+        ]
         return m

@@ -31,7 +31,7 @@ from hw.gemv import TernaryGemv
 from hw.isa import Buffer, Counter, ErrorCause, InstrHeader, MicroOp, MicroOpcode, Opcode, TritPacking
 from hw.quant import Quantizer
 from hw.regs import AXI4LiteSignature, RegisterBlock
-from hw.scalar import ScalarUnit
+from hw.scalar import ScalarUnit, SsqBias
 from hw.streams import code_word_layout
 from hw.vbuf import VectorBuffer
 
@@ -485,12 +485,9 @@ class Accelerator(wiring.Component):
         bank_flip = Signal()
         m.d.comb += [scalar.i.payload.cb_mant.eq(xh.cb_mant), scalar.i.payload.cb_shift.eq(xh.cb_shift),
                      scalar.i.payload.out_frac.eq(xh.out_frac)]
-        # the scalar unit's register operands, selected a cycle ahead (registered): the registers are stable from
-        # the previous epilogue's end, and xh from the dispatch, both at least a cycle before SCALAR
-        with m.Switch(xh.ssq_reg):
-            for k in range(8):
-                with m.Case(k):
-                    m.d.sync += scalar.i.payload.ssq.eq(epi.regs[k])
+        # the scalar unit's absmax operand, selected a cycle ahead (registered): the registers are stable from the
+        # previous epilogue's end, and xh from the dispatch, both at least a cycle before SCALAR (its ssq, the
+        # statistic, is formed from the dispatch on: SsqBias, below)
         with m.Switch(xh.amax_reg):
             for k in range(8):
                 with m.Case(k):
@@ -535,6 +532,17 @@ class Accelerator(wiring.Component):
         f_ready = Signal()            # an instruction is fetched and checked, its constants loaded
         dispatch = Signal()           # the sequencer takes it
         qc_busy = Signal()            # the executing instruction may still read QC
+        # the scale's statistic ssq_with_bias(R[ssq_reg], ssq_bias, ssq_bias_shift), formed from the dispatch on:
+        # the dispatched header is still in img and the registers are final in that cycle (the epilogue's done
+        # came at least a cycle before, its next start comes after SCALAR); SsqBias takes two cycles (a shift,
+        # then the two 33-bit halves of the sum), so it is ready in SCALAR, two cycles after the dispatch
+        m.submodules.ssq_bias = ssqb = SsqBias()
+        m.d.comb += [ssqb.load.eq(dispatch), ssqb.bias.eq(ih.ssq_bias), ssqb.bias_shift.eq(ih.ssq_bias_shift),
+                     scalar.i.payload.ssq.eq(ssqb.o)]
+        with m.Switch(ih.ssq_reg):
+            for k in range(8):
+                with m.Case(k):
+                    m.d.comb += ssqb.ssq.eq(epi.regs[k])
         f_kill = Signal()
         m.d.comb += f_kill.eq(soft_rst)
         with m.If(f_kill):

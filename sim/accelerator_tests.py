@@ -377,6 +377,7 @@ async def id_block(dut):
         R.ID_EPILOGUE: int(bool(b.get("epilogue_folded", False))),
     }
     assert (await tb.read(R.ID_MAGIC)).to_bytes(4, "little") == b"MMFA"
+    assert await tb.read(R.ID_VERSION) == 2      # ISA version 2: the epsilon-carrying scale, half-away codes
     for off, v in want.items():
         got = await tb.read(off)
         assert got == v, f"ID register 0x{off:02x}: 0x{got:x}, expected 0x{v:x}"

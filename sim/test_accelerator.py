@@ -17,7 +17,10 @@ Scenarios (each with and without random idle cycles on every input and backpress
   counts and both packings (``slow``);
 * ``random``: whole tokens of tiny random models whose sizes are not multiples of the lanes, of 5 or of
   the beat, with both output gates and with and without the lower bound (every epilogue program the
-  compiler emits), a hard reset between models;
+  compiler emits), a hard reset between models; each model's tokens end with a low-energy token (mean
+  square 1e-4 of the usual: the epsilon terms move the scales) and one whose first GEMV quantizes exact
+  ties in both signs (``tests/hw/stimulus.py``);
+* ``numerics``: a tiny model whose GEMVs carry random ``ssq_bias``/``ssq_bias_shift`` of every magnitude;
 * ``bad``: corrupted header, bad instruction/constant CRCs, unknown opcode, invalid trit, truncated
   streams, bad token packet, CTRL.abort in the middle of a token: the error and its cause, the committed
   state unchanged (the next good token is compared with the golden run from the last committed state),
@@ -52,6 +55,7 @@ from host.perf import BuildParams
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Counter, ErrorCause, InstrFlags, Opcode, TritPacking
+from tests.hw.stimulus import biased_image, low_energy, tie_token
 
 pytestmark = pytest.mark.sim
 
@@ -370,9 +374,17 @@ class Model:
     image: bytes
     residual_frac: int
 
+    def vector(self, token: int) -> np.ndarray:
+        """The token's embedding in the residual format."""
+        return nx.to_fixed(self.weights.embeddings[token], self.residual_frac)
+
+    def numerics_vectors(self, token: int) -> list[np.ndarray]:
+        """A low-energy token and a token with quantize ties, both from ``token``'s embedding."""
+        return [low_energy(self.weights.embeddings[token], self.residual_frac),
+                tie_token(self.image, self.vector(token))]
+
     def packet(self, token: int, position: int) -> bytes:
-        return make_token_packet(nx.to_fixed(self.weights.embeddings[token], self.residual_frac),
-                                 position=position)
+        return make_token_packet(self.vector(token), position=position)
 
 
 _SHIPPED: dict = {}
@@ -395,27 +407,32 @@ def shipped_model(packing: TritPacking, channels: int = 1) -> Model:
 
 
 def tiny_model(hidden: int, intermediate: int, layers: int, vocab: int, *, packing: TritPacking,
-               channels: int = 1, seed: int = 0, output_gate: str = "released", lower_bound: bool = True) -> Model:
+               channels: int = 1, seed: int = 0, output_gate: str = "released", lower_bound: bool = True,
+               biased: bool = False) -> Model:
+    """A tiny random model; ``biased``: its GEMVs' ``ssq_bias`` replaced by random values (:func:`biased_image`)."""
     cfg = HGRNBitConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                         intermediate_size=intermediate, use_lower_bound=lower_bound)
     w = random_weights(cfg, seed=seed, gamma_spread=1.0)
     fm = calibrate(w, output_gate=output_gate, n_tokens=16)
-    img = compile_model(w, CompileOptions(packing=packing, channels=channels, formats=fm, output_gate=output_gate))
+    options = CompileOptions(packing=packing, channels=channels, formats=fm, output_gate=output_gate)
+    img = biased_image(w, options, seed=seed) if biased else compile_model(w, options)
     return Model(w, img, fm.residual)
 
 
-def add_tokens(run: Run, model: Model, tokens: Sequence[int], build: Build, *, state=None, start_pos: int = 0,
-               label: str = "") -> np.ndarray:
-    """Steps for consecutive tokens of ``model`` from ``state`` (zero: after reset); returns the new state."""
+def add_tokens(run: Run, model: Model, tokens: Sequence[int | np.ndarray], build: Build, *, state=None,
+               start_pos: int = 0, label: str = "") -> np.ndarray:
+    """Steps for consecutive tokens of ``model`` from ``state`` (zero: after reset); returns the new state. A
+    token is an id, or a vector already in the residual format."""
     gold = GoldenMachine(model.image, build.perf())
     state = gold.init_state() if state is None else state
     idx = run.image(model.image)
     for j, t in enumerate(tokens):
-        pk = model.packet(t, start_pos + j)
+        vec = isinstance(t, np.ndarray)
+        pk = make_token_packet(t, position=start_pos + j) if vec else model.packet(t, start_pos + j)
         res = gold.run_token(pk, state)
         state = res.state
         run.token(idx, pk, res.output, res.counters, res.counters[Counter.CYCLES],
-                  f"{label} token {t} @ {start_pos + j}")
+                  f"{label} token {'vector' if vec else t} @ {start_pos + j}")
     return state
 
 
@@ -474,7 +491,8 @@ def _add_random(run: Run, build: Build, shapes) -> None:
                            output_gate=gate, lower_bound=lb)
         run.step("reset")
         rng = np.random.default_rng(n)
-        add_tokens(run, model, [int(t) for t in rng.integers(0, v, 2)], build,
+        ids = [int(t) for t in rng.integers(0, v, 2)]
+        add_tokens(run, model, [*ids, *model.numerics_vectors(ids[0])], build,
                    label=f"H{h} I{i} L{layers} V{v} {gate}{' lb' if lb else ''}")
 
 
@@ -483,6 +501,21 @@ def _add_random(run: Run, build: Build, shapes) -> None:
 def test_random_models(build, stress):
     run = Run(get_sim(build), f"random-{'stress' if stress else 'smooth'}", stress)
     _add_random(run, build, RANDOM_SHAPES)
+    run.execute("tokens")
+
+
+@pytest.mark.parametrize("stress", STRESS)
+@pytest.mark.parametrize("build", [B16[TritPacking.BASE3], BFOLD], ids=lambda b: b.tag)
+def test_numerics(build, stress):
+    """Random ssq_bias/ssq_bias_shift (up to ~2**63) in every quantizing GEMV of a tiny model: the statistic's
+    sum carries between its halves; with a low-energy token and quantize ties; the pipelined and the folded
+    epilogue (the released gate's g_proj reduces twice into one register)."""
+    run = Run(get_sim(build), f"numerics-{'stress' if stress else 'smooth'}", stress)
+    for n, (h, i, layers, v, gate, lb) in enumerate((RANDOM_SHAPES[5], RANDOM_SHAPES[1])):
+        model = tiny_model(h, i, layers, v, packing=build.packing, channels=build.channels, seed=20 + n,
+                           output_gate=gate, lower_bound=lb, biased=True)
+        run.step("reset")
+        add_tokens(run, model, [3, 11, *model.numerics_vectors(3)], build, label=f"biased H{h} I{i} {gate}")
     run.execute("tokens")
 
 

@@ -460,14 +460,25 @@ def test_hang_becomes_a_timeout(devices, checkpoint):
 @pytest.mark.sim
 @pytest.mark.slow
 def test_golden_machine_and_rtl_agree_on_a_raw_packet(devices, checkpoint):
-    """The harness reports the golden device's output packet byte for byte (not only the same logits)."""
+    """The harness reports the golden device's output packet byte for byte (not only the same logits), also
+    for a low-energy token (the epsilon terms move the scales) and one whose first GEMV quantizes exact ties
+    in both signs (``tests/hw/stimulus.py``); the ID block reports ISA version 2."""
+    from tests.hw.stimulus import low_energy, tie_token
+
     rtl, gold = devices
-    rtl.reset()
+    assert rtl.harness.read(isa.REGISTER_MAP.ID_VERSION) == 2
     machine = GoldenMachine(rtl.image)
-    pk = make_token_packet(nx.to_fixed(checkpoint.weights.embeddings[42], rtl.image.info.residual_frac), position=0)
-    run = rtl.harness.run_token(pk)
-    rtl.reset()   # the raw run bypassed the device's replay log
-    assert run.output == machine.run_token(pk, machine.init_state()).output
+    frac = rtl.image.info.residual_frac
+    x = nx.to_fixed(checkpoint.weights.embeddings[42], frac)
+    state = machine.init_state()
+    rtl.reset()
+    for pos, v in enumerate((x, low_energy(checkpoint.weights.embeddings[42], frac), tie_token(rtl.image.raw, x))):
+        pk = make_token_packet(v, position=pos)
+        run = rtl.harness.run_token(pk)
+        want = machine.run_token(pk, state)
+        state = want.state
+        assert run.output == want.output, f"token {pos}"
+    rtl.reset()   # the raw runs bypassed the device's replay log
 
 
 @pytest.mark.sim

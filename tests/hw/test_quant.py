@@ -1,8 +1,9 @@
 """hw.quant.Quantizer in the Amaranth simulator, with ``lib.memory`` source, QC and code buffers: every
 code word exact against hw.numerics (``quantize(mul(src, qc, q_shift), r_mant, r_shift)``, or
 ``quantize(src, ...)`` without QCONST), k not a multiple of quant_lanes or lanes, with and without idle
-cycles between commands; the write order, ``done`` timing (``ceil(k / quant_lanes) + 4`` cycles, as
-host.perf models it) and one read per cycle; the multiplier count; Verilog export.
+cycles between commands; products exactly half-way between two codes in both signs (rounded away from
+zero); the write order, ``done`` timing (``ceil(k / quant_lanes) + 6`` cycles, as host.perf models it) and
+one read per cycle; the multiplier count; Verilog export.
 
 The write port has no backpressure (a memory always accepts), so there is none to randomize."""
 
@@ -205,7 +206,7 @@ def test_edges_exact():
     cmds = []
     for q_shift in (0, 1, 31, 32, 62, 63):
         for r_mant, r_shift in (nx.quant_recip(0), nx.quant_recip(1 << 31), nx.quant_recip(100), ((1 << 26) - 1, 1),
-                                ((1 << 26) - 1, 55), ((1 << 26) - 1, 56), ((1 << 26) - 1, 63)):
+                                ((1 << 26) - 1, 55), ((1 << 26) - 1, 56), ((1 << 26) - 1, 63), (1, 1), (3, 2)):
             cmds.append({"k": max_k, "q_shift": q_shift, "qconst": 1, "r_mant": r_mant, "r_shift": r_shift})
     cmds += [{"k": max_k, "q_shift": 5, "qconst": 0, "r_mant": 127 << 17, "r_shift": 49},
              {"k": 1, "q_shift": 63, "qconst": 1, "r_mant": 1 << 25, "r_shift": 20},
@@ -215,6 +216,50 @@ def test_edges_exact():
     _check(ql, lanes, src, qc, cmds, events, final)
     # hw.numerics wraps the rounding add in int64 here, and the gateware does the same
     assert int(nx.mul(np.array([nx.INT32_MIN]), np.array([nx.INT32_MIN]), 63)[0]) == -1
+
+
+def _ties(r_mant: int, r_shift: int, rng) -> np.ndarray:
+    """Values ``w`` whose ``w * r_mant * 2**-r_shift`` lies exactly half-way between two codes, in both signs
+    (codes -129.5 .. 128.5, so ties at the clamp too), with their neighbours ``w +- 1`` (not ties unless
+    ``r_mant`` is tiny) and a few zeros."""
+    # w * r_mant = (2 c + 1) * 2**(r_shift - 1): with r_mant = o * 2**t (o odd), c such that o divides 2 c + 1
+    t = (r_mant & -r_mant).bit_length() - 1
+    o = r_mant >> t
+    assert t < r_shift
+    halves = np.array([h for h in range(-259, 259, 2) if h % o == 0], np.int64)
+    w = halves // o << (r_shift - 1 - t)
+    w = w[np.abs(w) < 1 << 31]
+    assert w.size, (r_mant, r_shift)
+    picked = rng.choice(w, min(w.size, 40), replace=False)
+    p = picked.astype(object) * r_mant
+    assert all(x % (1 << r_shift) == 1 << (r_shift - 1) for x in p)        # exactly half-way
+    out = np.concatenate([picked, picked + 1, picked - 1, [0, 0]])
+    return out[np.abs(out) < 1 << 31]
+
+
+@pytest.mark.parametrize("r_mant, r_shift", [(1, 1), (1, 6), (3, 9), (5 << 4, 12), (9 << 20, 30),
+                                             nx.quant_recip(1 << 20)])
+def test_ties_round_half_away_from_zero(r_mant, r_shift):
+    """Products at exactly .5 of a code, positive and negative, without QCONST and through ``mul`` by 1:
+    ``-2.5 -> -3``, ``2.5 -> 3`` (``hw.numerics.quantize``), also where the tie is at the clamp (+-127.5,
+    -128.5). With a power-of-two absmax ``A`` (``quant_recip``: ``r_mant = 127 * 2**18``) the only ties are
+    ``w = +-A/2``, codes +-63.5."""
+    ql, lanes = 4, 8
+    rng = np.random.default_rng(r_mant + r_shift)
+    src = _ties(r_mant, r_shift, rng)
+    max_k = -(-src.size // lanes) * lanes
+    src = np.concatenate([src, np.zeros(max_k - src.size, np.int64)])
+    qc = np.ones(max_k, np.int64)
+    exact = np.asarray([float(x) * r_mant / 2.0 ** r_shift for x in src])
+    half = np.abs(exact - np.trunc(exact)) == 0.5
+    away = np.clip(np.trunc(exact) + np.sign(exact) * half, -128, 127)
+    assert (exact[half] < 0).any() and (exact[half] > 0).any()
+    codes = nx.quantize(src, r_mant, r_shift)
+    np.testing.assert_array_equal(codes[half], away[half])                  # the oracle rounds half away
+    cmds = [{"k": max_k, "q_shift": 0, "qconst": q, "r_mant": r_mant, "r_shift": r_shift} for q in (0, 1)]
+    cmds.append({"k": max_k - 3, "q_shift": 0, "qconst": 0, "r_mant": r_mant, "r_shift": r_shift})
+    events, final = _run(ql, lanes, max_k, src, qc, cmds, idle=0.3, seed=r_shift)
+    _check(ql, lanes, src, qc, cmds, events, final)
 
 
 def test_latency_matches_perf_model():

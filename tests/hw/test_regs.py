@@ -62,6 +62,7 @@ def test_id_block_status_counters_and_ctrl():
         for off, val in ID.items():
             assert await _read(ctx, bus, off) == val
         assert await _read(ctx, bus, REGISTER_MAP.ID_MAGIC) == int.from_bytes(b"MMFA", "little")
+        assert await _read(ctx, bus, REGISTER_MAP.ID_VERSION) == 2   # ISA version 2 (hw.isa.ISA_VERSION)
         ctx.set(dut.error, 1)
         ctx.set(dut.busy, 1)
         ctx.set(dut.error_cause, isa.ErrorCause.INSTR_CRC.value)

@@ -1,7 +1,9 @@
 """hw.scalar.ScalarUnit in the Amaranth simulator: ``quant_recip`` and ``dequant_scale`` bit-exact against
-hw.numerics over the whole input ranges and their edges, with and without idle input cycles and output
+hw.numerics over the whole input ranges and their edges, and on low-energy inputs whose statistic carries
+the instruction's epsilon term (``ssq_with_bias``), with and without idle input cycles and output
 backpressure; the exact latency (within host.perf.SCALAR_CYCLES); the result field widths; no multiplier
-in the netlist; Verilog export."""
+in the netlist; Verilog export. hw.scalar.SsqBias: ``ssq_with_bias`` bit-exact (carries between the halves,
+saturation), its latency and hold."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from amaranth.sim import Simulator
 
 from host import perf
 from hw import numerics as nx
-from hw.scalar import SCALAR_LATENCY, ScalarRequest, ScalarResult, ScalarUnit
+from hw.scalar import SCALAR_LATENCY, SSQ_BIAS_LATENCY, ScalarRequest, ScalarResult, ScalarUnit, SsqBias
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -114,10 +116,34 @@ def _run(reqs, *, idle: float, stall: float, seed: int) -> list[tuple[int, int, 
     return got
 
 
+def _low_energy_requests(n: int, seed: int) -> list[tuple[int, ...]]:
+    """Requests whose statistic is ``ssq_with_bias`` of a low-energy register: inputs with a mean square
+    about 1e-4 of the usual one (the residual at 2**-2 .. 2**2 in Q.16 .. Q.26, K = 20 .. 8192) plus the
+    compiler's epsilon terms (``K eps`` for ``eps`` 1e-8 .. 1e-4, in the register's units, as a 32-bit
+    mantissa and a shift), so that the bias moves the scale (checked: it does for most of them)."""
+    rng = random.Random(seed)
+    reqs, moved = [], 0
+    for _ in range(n):
+        k, frac = rng.randint(20, 8192), rng.randint(16, 26)
+        rms = 2.0 ** rng.uniform(-2, 2) * 1e-2 * 2 ** frac      # 1e-2 of the usual RMS: 1e-4 of the energy
+        reg = int(k * rms * rms) >> nx.SSQ_SHIFT
+        v = round(10 ** rng.uniform(-8, -4) * k * 2.0 ** (2 * frac - nx.SSQ_SHIFT))
+        shift = max(0, v.bit_length() - 32)
+        bias = v >> shift
+        amax = max(1, int(rms * rng.uniform(1.5, 4)))
+        ssq = nx.ssq_with_bias(reg, bias, shift)
+        req = (ssq, amax, rng.randint(*CB_MANT), rng.randint(*CB_SHIFT), rng.randint(*OUT_FRAC))
+        moved += _expected(req) != _expected((reg, *req[1:]))
+        reqs.append(req)
+    assert moved > n // 2
+    return reqs
+
+
 @pytest.mark.parametrize("idle, stall", [(0.0, 0.0), (0.3, 0.5)], ids=["streaming", "idles+backpressure"])
 def test_random_and_edges_exact(idle, stall):
-    """Random inputs over the whole ranges, and the edge cases, exactly as hw.numerics computes them."""
-    reqs = _random_requests(150, seed=int(idle * 10)) + _edge_requests()
+    """Random inputs over the whole ranges, the edge cases and low-energy inputs with their epsilon terms,
+    exactly as hw.numerics computes them."""
+    reqs = _random_requests(150, seed=int(idle * 10)) + _edge_requests() + _low_energy_requests(40, seed=7)
     got = _run(reqs, idle=idle, stall=stall, seed=5)
     assert got == [_expected(r) for r in reqs]
 
@@ -215,3 +241,61 @@ def test_ports_and_properties():
     with pytest.raises(AttributeError):
         dut.latency = 3
     Fragment.get(dut, None)
+
+
+# ------------------------------------------------------------------------------------------- SsqBias
+def _bias_cases(n: int, seed: int) -> list[tuple[int, int, int]]:
+    """(ssq, bias, bias_shift): random magnitudes, carries out of the low half, saturation and its edge."""
+    rng = random.Random(seed)
+    cases = [(_random_bits(rng, 64), _random_bits(rng, 32), rng.randint(0, 31)) for _ in range(n)]
+    cases += [(0, 0, 0), (SSQ_MAX, 0, 0), (SSQ_MAX, 1, 0), (SSQ_MAX - 1, 1, 0), (0, (1 << 32) - 1, 31),
+              (SSQ_MAX - ((1 << 63) - (1 << 31)), (1 << 32) - 1, 31),        # exactly 2**64 - 1
+              (SSQ_MAX - ((1 << 63) - (1 << 31)) + 1, (1 << 32) - 1, 31),    # one more: saturates
+              ((1 << 32) - 1, 1, 0), ((1 << 63) + (1 << 32) - 1, (1 << 32) - 1, 0),   # carries into the high half
+              (1 << 63, 1 << 31, 31), ((1 << 63) - 1, 1, 0), (12345, 77, 5)]
+    return cases
+
+
+def test_ssq_bias_exact():
+    """SsqBias against ``hw.numerics.ssq_with_bias``: ``o`` from SSQ_BIAS_LATENCY cycles after ``load`` up to
+    and including the next ``load``'s cycle, whatever the inputs do in between; loads back to back and
+    apart."""
+    cases = _bias_cases(200, seed=11)
+    rng = random.Random(12)
+    dut = SsqBias()
+    checked = []
+
+    async def tb(ctx):
+        for j, (ssq, bias, shift) in enumerate(cases):
+            ctx.set(dut.load, 1)
+            ctx.set(dut.ssq, ssq)
+            ctx.set(dut.bias, bias)
+            ctx.set(dut.bias_shift, shift)
+            await ctx.tick()
+            ctx.set(dut.load, 0)
+            want = nx.ssq_with_bias(ssq, bias, shift)
+            gap = SSQ_BIAS_LATENCY + (rng.randint(0, 3) if j % 2 else 0)
+            for c in range(1, gap + 1):
+                ctx.set(dut.ssq, rng.getrandbits(64))       # the inputs matter only with load
+                ctx.set(dut.bias, rng.getrandbits(32))
+                ctx.set(dut.bias_shift, rng.getrandbits(5))
+                if c >= SSQ_BIAS_LATENCY:
+                    assert ctx.get(dut.o) == want, (ssq, bias, shift)
+                if c < gap:
+                    await ctx.tick()
+            checked.append(want)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert len(checked) == len(cases)
+    assert nx.UINT64_MAX in checked and checked.count(nx.UINT64_MAX) >= 3
+    assert dut.latency == SSQ_BIAS_LATENCY == 2
+
+
+def test_ssq_bias_no_multiplier_and_verilog():
+    text = rtlil.convert(SsqBias(), name="ssq_bias")
+    for cell in ("$mul", "$macc", "$div", "$mod", "$pow"):
+        assert f"cell {cell} " not in text
+    assert "module ssq_bias" in verilog.convert(SsqBias(), name="ssq_bias")
