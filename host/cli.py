@@ -15,6 +15,7 @@ Ctrl-C exits with status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -116,12 +117,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from host.generate import generate
+    from host.generate import encode_prompt, generate
     from host.sampling import validate_sampling
 
     # Everything checkable without the model first: a typo should not cost a checkpoint load.
     validate_sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                      repetition_penalty=args.repetition_penalty)
+                      repetition_penalty=args.repetition_penalty, cli=True)
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.seed is not None and args.seed < 0:
@@ -130,12 +131,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         checkpoint = _load_checkpoint(args.model)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
-        stream = generate(device, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
-                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          repetition_penalty=args.repetition_penalty, seed=args.seed,
-                          stop_at_eos=not args.ignore_eos)
+        n_prompt = len(encode_prompt(tokenizer, args.prompt, device.config.bos_token_id))
+        _warn_context(device.config, n_prompt, args.max_new_tokens)
+        with _prefill_bar(n_prompt, device.name) as bar:
+            stream = generate(device, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              repetition_penalty=args.repetition_penalty, seed=args.seed,
+                              stop_at_eos=not args.ignore_eos, prefill_progress=bar)
+            first = next(stream, None)   # the prefill runs here, under its progress bar
         out = Console(file=sys.stdout, highlight=False, soft_wrap=True, emoji=False, markup=False)
         out.print(Text(args.prompt, style="dim"), end="")
+        if first is not None:
+            out.print(Text(first), end="")
         for piece in stream:
             out.print(Text(piece), end="")
         out.print()
@@ -145,6 +152,36 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               f"stop {r.stop_reason}, device {device.name}]", file=sys.stderr)
         _print_cycles(device)
     return 0
+
+
+#: Prompts longer than this many tokens show a prefill progress bar (on a terminal).
+PREFILL_BAR_TOKENS = 64
+
+
+@contextlib.contextmanager
+def _prefill_bar(n_tokens: int, device: str):
+    """A transient rich progress bar on stderr for a long prefill; yields the ``(done, total)`` callback
+    (None for short prompts or when stderr is not a terminal)."""
+    if n_tokens <= PREFILL_BAR_TOKENS or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(f"prefill on {device}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeRemainingColumn(), transient=True, console=None) as progress:
+        task = progress.add_task("prefill", total=n_tokens)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
+def _warn_context(config: Any, n_prompt: int, n_new: int) -> None:
+    """Warn (stderr) when a sequence (``n_prompt`` tokens then ``n_new``; an eval window is ``n_prompt``)
+    runs past the context the model was trained on (``max_position_embeddings`` of its config.json):
+    HGRN-Bit has no positions, so it runs, but the model never saw such lengths."""
+    limit = getattr(config, "extra", {}).get("max_position_embeddings")
+    if isinstance(limit, int) and n_prompt + n_new > limit:
+        print(f"mmfree: warning: {n_prompt} + {n_new} tokens exceed the model's "
+              f"max_position_embeddings ({limit}), the context it was trained on; it runs (no positions), "
+              f"but quality past that length is untested", file=sys.stderr)
 
 
 def _print_cycles(device: Any) -> None:
@@ -182,6 +219,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         checkpoint = _load_checkpoint(args.model)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
+        _warn_context(device.config, args.context, 0)
         result = evaluate(device, tokenizer, text, context=args.context, max_tokens=args.max_tokens,
                           progress=args.progress if args.progress is not None else _stderr_is_tty())
         counters = device.counters()
@@ -318,6 +356,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _check_writable(args.json, "--json")
     if args.fmax_mhz is not None and not args.fmax_mhz > 0:
         raise ValueError(f"--fmax-mhz must be positive, not {args.fmax_mhz}")
+    if args.tokens < 1:
+        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
     options = _device_options(args.option)
     with open_device(args.device, **options) as device:
         checkpoint = _load_checkpoint(args.model)
@@ -355,7 +395,7 @@ def _cmd_power(args: argparse.Namespace) -> int:
 
     # Everything checkable without a sensor or the model first.
     validate_sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                      repetition_penalty=args.repetition_penalty)
+                      repetition_penalty=args.repetition_penalty, cli=True)
     if args.tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
     if not (math.isfinite(args.budget) and args.budget > 0):

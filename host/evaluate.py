@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from host.devices.base import Device
+from host.generate import encode_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -255,7 +256,7 @@ def evaluate(device: Device, tokenizer: Tokenizer, text: str, *, context: int = 
         max_tokens = _positive_int("max_tokens", max_tokens)
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    all_ids = tokenizer.encode(text, add_special_tokens=False).ids if text else []
+    all_ids = encode_text(tokenizer, text)
     ids = np.asarray(all_ids[:max_tokens] if max_tokens is not None else all_ids, dtype=np.int64)
     if ids.size == 0 or (bos is None and ids.size < 2):
         raise ValueError("the text has nothing to score (fewer tokens than one prediction needs)")

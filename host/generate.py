@@ -20,7 +20,7 @@ with U+FFFD (an incomplete character). At the end, whatever is left is emitted a
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
@@ -32,11 +32,14 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = [
-    "Generation", "GenerationResult", "IncrementalDecoder", "encode_prompt", "generate", "generate_text",
+    "Generation", "GenerationResult", "IncrementalDecoder", "encode_prompt", "encode_text", "generate",
+    "generate_text",
 ]
 
 #: Prompt tokens decoded ahead of the generated ids (see the module docstring).
 PREFIX_TOKENS = 4
+#: Tokens per prefill call when :func:`generate` reports prefill progress.
+PREFILL_CHUNK = 32
 _REPLACEMENT = "\ufffd"
 
 
@@ -197,17 +200,63 @@ class Generation(Iterator[str]):
         self._steps.close()
 
 
-def encode_prompt(tokenizer: Tokenizer, prompt: str, bos_token_id: int | None) -> list[int]:
-    """Prompt ids as the model sees them: ``[bos] + encode(prompt)`` (no BOS when it is None).
+def check_utf8(text: str, what: str = "prompt") -> None:
+    """Refuse a str that cannot be encoded as UTF-8: the lone surrogates Python makes of a command-line
+    argument or file name whose bytes are not valid UTF-8 (``surrogateescape``).
 
     Raises
     ------
     ValueError
-        If the result is empty (an empty prompt and no BOS token): the model needs one token to start.
+        Naming the bytes and their character offset.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start:exc.end]
+        raw = bad.encode("utf-8", "surrogateescape") if all(0xDC80 <= ord(c) <= 0xDCFF for c in bad) else b""
+        what_bytes = " ".join(f"0x{b:02x}" for b in raw) or repr(bad)
+        raise ValueError(f"the {what} is not valid UTF-8: {what_bytes} at character {exc.start} "
+                         f"(check the terminal's encoding, or pass the text in a UTF-8 file)") from None
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of plain text: control tokens written in the text (a literal ``<s>`` or ``</s>``) are
+    encoded as the characters they are, never as the BOS/EOS control tokens.
+
+    Raises
+    ------
+    TypeError
+        If ``text`` is not a str.
+    ValueError
+        If ``text`` is not valid UTF-8 (:func:`check_utf8`).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not text:
+        return []
+    check_utf8(text, "text")
+    saved = tokenizer.encode_special_tokens
+    tokenizer.encode_special_tokens = True   # special tokens in the input are split like any other text
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+    finally:
+        tokenizer.encode_special_tokens = saved
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str, bos_token_id: int | None) -> list[int]:
+    """Prompt ids as the model sees them: ``[bos] + encode_text(prompt)`` (no BOS when it is None).
+
+    Raises
+    ------
+    ValueError
+        If the prompt is not valid UTF-8, or the result is empty (an empty prompt and no BOS token): the
+        model needs one token to start.
     """
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-    ids = tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else []
+    if prompt:
+        check_utf8(prompt)
+    ids = encode_text(tokenizer, prompt)
     if bos_token_id is not None:
         ids = [int(bos_token_id), *ids]
     if not ids:
@@ -219,7 +268,8 @@ def generate(device: Device, tokenizer: Tokenizer, prompt: str, *, max_new_token
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
              seed: int | None = None, stop_at_eos: bool = True,
              bos_token_id: int | None | EllipsisType = ...,
-             eos_token_id: int | None | EllipsisType = ...) -> Generation:
+             eos_token_id: int | None | EllipsisType = ...,
+             prefill_progress: Callable[[int, int], None] | None = None) -> Generation:
     """Generate text after ``prompt`` on a loaded device, streaming it as it is produced.
 
     The device is :meth:`~Device.reset` (a new sequence), the prompt is prefilled, then tokens are
@@ -242,6 +292,9 @@ def generate(device: Device, tokenizer: Tokenizer, prompt: str, *, max_new_token
     bos_token_id : int or None, default: ``device.config.bos_token_id``
         Prepended to the prompt ids when not None.
     eos_token_id : int or None, default: ``device.config.eos_token_id``
+    prefill_progress : callable ``(done, total)``, optional
+        Called as the prompt is prefilled, in chunks of :data:`PREFILL_CHUNK` tokens (same results as one
+        call: prefill runs token by token from the current state), so a long prompt can show progress.
 
     Returns
     -------
@@ -272,12 +325,25 @@ def generate(device: Device, tokenizer: Tokenizer, prompt: str, *, max_new_token
                          "the tokenizer does not match the model")
     result = GenerationResult(prompt=prompt, prompt_ids=prompt_ids, device=device.name)
     steps = _run(device, tokenizer, sampler, result, max_new_tokens=max_new_tokens,
-                 eos=eos if stop_at_eos else None)
+                 eos=eos if stop_at_eos else None, prefill_progress=prefill_progress)
     return Generation(steps, result)
 
 
+def _prefill(device: Device, ids: list[int], progress: Callable[[int, int], None] | None):
+    if progress is None or len(ids) <= PREFILL_CHUNK:
+        logits = device.prefill(ids)
+        if progress is not None:
+            progress(len(ids), len(ids))
+        return logits
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        logits = device.prefill(ids[start:start + PREFILL_CHUNK])
+        progress(min(start + PREFILL_CHUNK, len(ids)), len(ids))
+    return logits
+
+
 def _run(device: Device, tokenizer: Tokenizer, sampler: Sampler, result: GenerationResult, *,
-         max_new_tokens: int, eos: int | None) -> Generator[str, None, None]:
+         max_new_tokens: int, eos: int | None,
+         prefill_progress: Callable[[int, int], None] | None = None) -> Generator[str, None, None]:
     clock = time.perf_counter
     before = device.counters()
     decoder = IncrementalDecoder(tokenizer, result.prompt_ids)
@@ -286,7 +352,7 @@ def _run(device: Device, tokenizer: Tokenizer, sampler: Sampler, result: Generat
         t_start = clock()
         device.reset()
         t0 = clock()
-        logits = device.prefill(result.prompt_ids)
+        logits = _prefill(device, result.prompt_ids, prefill_progress)
         result.prefill_seconds = clock() - t0
         result.total_seconds += clock() - t_start
         reason = "length"

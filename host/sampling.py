@@ -35,8 +35,13 @@ __all__ = [
 ]
 
 
+#: The command-line flags of the sampling arguments, for :func:`validate_sampling` ``cli=True``.
+CLI_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+             "repetition_penalty": "--repetition-penalty"}
+
+
 def validate_sampling(*, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                      repetition_penalty: float = 1.0) -> None:
+                      repetition_penalty: float = 1.0, cli: bool = False) -> None:
     """Check sampling arguments.
 
     Parameters
@@ -49,28 +54,33 @@ def validate_sampling(*, temperature: float = 1.0, top_k: int = 0, top_p: float 
         1 disables top-p.
     repetition_penalty : float, > 0
         1 disables the penalty; > 1 discourages repeats.
+    cli : bool
+        Name the arguments by their command-line flags (:data:`CLI_FLAGS`: ``--top-p``) in the messages.
 
     Raises
     ------
     ValueError
         Naming the argument, for a value out of range, NaN, or of the wrong type.
     """
+    def n(name: str) -> str:
+        return CLI_FLAGS[name] if cli else name
+
     def real(name: str, value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{name} must be a number, got {value!r}")
+            raise ValueError(f"{n(name)} must be a number, got {value!r}")
         v = float(value)
         if math.isnan(v) or math.isinf(v):
-            raise ValueError(f"{name} must be finite, got {value!r}")
+            raise ValueError(f"{n(name)} must be finite, got {value!r}")
         return v
 
     if real("temperature", temperature) < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        raise ValueError(f"{n('temperature')} must be >= 0 (0 = greedy), got {temperature!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
+        raise ValueError(f"{n('top_k')} must be an integer >= 0 (0 = off), got {top_k!r}")
     if not 0 < real("top_p", top_p) <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+        raise ValueError(f"{n('top_p')} must be in (0, 1] (1 = off), got {top_p!r}")
     if real("repetition_penalty", repetition_penalty) <= 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty!r}")
+        raise ValueError(f"{n('repetition_penalty')} must be > 0 (1 = off), got {repetition_penalty!r}")
 
 
 def _as_logits(logits: np.ndarray) -> np.ndarray:

@@ -58,11 +58,11 @@ def test_model_is_a_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "word"), [
-    (["--temperature", "-1"], "temperature"),
-    (["--top-k", "-3"], "top_k"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
-    (["--repetition-penalty", "0"], "repetition_penalty"),
+    (["--temperature", "-1"], "--temperature must"),
+    (["--top-k", "-3"], "--top-k must"),
+    (["--top-p", "0"], "--top-p must"),
+    (["--top-p", "1.5"], "--top-p must"),
+    (["--repetition-penalty", "0"], "--repetition-penalty must"),
     (["--max-new-tokens", "-1"], "max-new-tokens"),
     (["--seed", "-5"], "seed"),
     (["--device", "nope"], "reference"),
@@ -72,6 +72,41 @@ def test_generate_bad_arguments(capsys, tmp_path, args, word):
     # checked before the model is loaded: the model directory does not even exist
     assert cli.main(["generate", "--model", str(tmp_path / "absent"), "--prompt", "x", *args]) == 2
     assert word in _error_line(capsys)
+
+
+@pytest.mark.parametrize(("cmd", "args", "word"), [
+    ("power", ["--top-p", "2"], "--top-p must"),
+    ("power", ["--tokens", "0"], "--tokens must"),
+    ("bench", ["--tokens", "0"], "--tokens must"),
+])
+def test_errors_name_the_flags(capsys, tmp_path, cmd, args, word):
+    """Messages name the command-line flag the user typed, never the Python parameter (top_p, tokens)."""
+    assert cli.main([cmd, "--model", str(tmp_path / "absent"), *args]) == 2
+    assert word in _error_line(capsys)
+
+
+def test_prompt_that_is_not_utf8_is_an_error_not_a_traceback(capsys, fake_model):
+    """A command-line argument whose bytes are not UTF-8 reaches Python as lone surrogates."""
+    prompt = b"abc\xff\xfe".decode("utf-8", "surrogateescape")
+    assert cli.main(["generate", "--model", str(fake_model), "--device", "toy", "--prompt", prompt]) == 2
+    line = _error_line(capsys)
+    assert "not valid UTF-8" in line and "0xff 0xfe" in line and "character 3" in line
+
+
+def test_context_warning_past_max_position_embeddings(capsys, fake_model, monkeypatch):
+    import dataclasses
+
+    checkpoint = cli._load_checkpoint(fake_model)
+    cfg = dataclasses.replace(checkpoint.config, extra={"max_position_embeddings": 8})
+    monkeypatch.setattr(checkpoint.weights, "config", cfg)
+    monkeypatch.setattr(checkpoint, "config", cfg, raising=False)
+    assert cli.main(["generate", "--model", str(fake_model), "--device", "toy", "--prompt", "def parse",
+                     "--max-new-tokens", "8", "--seed", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "max_position_embeddings (8)" in err
+    assert cli.main(["generate", "--model", str(fake_model), "--device", "toy", "--prompt", "d",
+                     "--max-new-tokens", "2", "--seed", "0"]) == 0
+    assert "warning:" not in capsys.readouterr().err
 
 
 def test_eval_missing_text(capsys, fake_model, tmp_path):

@@ -8,7 +8,7 @@ from host_fakes import BOS, EOS, ScriptedDevice, ToyDevice, tiny_checkpoint, tin
 from tokenizers import Tokenizer, decoders
 
 from host.devices import DeviceError
-from host.generate import IncrementalDecoder, encode_prompt, generate, generate_text
+from host.generate import IncrementalDecoder, encode_prompt, encode_text, generate, generate_text
 
 MULTIBYTE = "naïve 龍 café → 🚀 ok 中文"
 
@@ -172,3 +172,31 @@ def test_generation_on_reference_device():
         a = generate_text(dev, tiny_tokenizer(), "def parse(", max_new_tokens=8, seed=3, stop_at_eos=False)
         b = generate_text(dev, tiny_tokenizer(), "def parse(", max_new_tokens=8, seed=3, stop_at_eos=False)
     assert a.token_ids == b.token_ids and a.n_tokens == 8
+
+
+def test_literal_control_tokens_in_text_are_text():
+    """A ``<s>`` or ``</s>`` written in a prompt or an eval text is characters, never BOS or EOS."""
+    tok = tiny_tokenizer()
+    ids = encode_prompt(tok, "a <s> b </s> c", BOS)
+    assert ids[0] == BOS and BOS not in ids[1:] and EOS not in ids
+    assert tok.decode(ids[1:]) == "a <s> b </s> c"
+    assert tok.encode_special_tokens is False   # the tokenizer is left as it was
+    assert EOS not in encode_text(tok, "</s>") and tok.decode(encode_text(tok, "</s>")) == "</s>"
+
+
+def test_prompt_with_invalid_utf8_is_a_value_error():
+    with pytest.raises(ValueError, match="not valid UTF-8: 0xff at character 1"):
+        encode_prompt(tiny_tokenizer(), "a\udcff", BOS)
+
+
+def test_prefill_progress_reports_chunks_and_changes_nothing():
+    dev = _toy()
+    prompt = "def parse(text): return text.split() " * 12
+    plain = generate_text(dev, tiny_tokenizer(), prompt, max_new_tokens=6, temperature=0.0)
+    calls = []
+    chunked = generate_text(dev, tiny_tokenizer(), prompt, max_new_tokens=6, temperature=0.0,
+                            prefill_progress=lambda done, total: calls.append((done, total)))
+    n = len(plain.prompt_ids)
+    assert n > 64 and calls[-1] == (n, n) and len(calls) == -(-n // 32)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    assert chunked.token_ids == plain.token_ids

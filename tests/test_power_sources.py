@@ -204,8 +204,11 @@ def test_xrt_smi_subprocess(monkeypatch, tmp_path):
 def test_xrt_nothing_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyxrt", None)
     monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(SensorError, match="neither pyxrt nor xrt-smi"):
+    with pytest.raises(SensorError, match="neither pyxrt nor xrt-smi") as err:
         XrtSource().open()
+    # the remedy it names is a real option: --source xrt:FILE parses (there is no --xrt-json flag)
+    assert "--source xrt:FILE" in str(err.value) and "--xrt-json" not in str(err.value)
+    assert parse_spec("xrt:saved.json") == ("xrt", "saved.json")
 
 
 def test_xrt_report_without_power(tmp_path):

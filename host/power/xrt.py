@@ -158,7 +158,8 @@ class XrtSource(PolledSource):
                 smi = self.smi or shutil.which("xrt-smi") or shutil.which("xbutil")
                 if smi is None:
                     raise SensorError("the xrt power source needs XRT: neither pyxrt nor xrt-smi was found (source "
-                                      "/opt/xilinx/xrt/setup.sh), or pass --xrt-json FILE for a saved report")
+                                      "/opt/xilinx/xrt/setup.sh), or read a saved xrt-smi electrical JSON report "
+                                      "with --source xrt:FILE")
                 self.smi = smi
                 self.mode = "smi"
         return tuple(self.read())
