@@ -58,8 +58,9 @@ R0, R1, R2, R3, R4, R5, R6, R7 = range(8)
 
 
 MIN_FRAC, MAX_FRAC = 8, 28
-HEADROOM_BITS = 3  # random-token calibration must also cover real text (bench_numerics: the GLU product of
-#                   layer 3 of the shipped model reached 1.07x its 2-bit-headroom range on held-out text)
+HEADROOM_BITS = 3  # random-token calibration must also cover real text (docs/NUMERICS.md section 2: with 2 bits a
+#                   GLU product of the first shipped model saturated on held-out text; the retrained one uses 0.85
+#                   of a 2-bit range, 0.43 of the 3-bit one)
 
 
 def frac_for(maxabs: float, headroom_bits: int = HEADROOM_BITS) -> int:
