@@ -6,8 +6,10 @@ views into the image's own buffer, so a device holding a parsed image holds the 
 (the golden device's resident weights are the image).
 
 Weight section of a GEMV: ``channels`` blocks, block ``c`` holding rows ``c, c + channels, ...`` packed
-continuously across rows (:func:`hw.isa.pack_trits`), each block padded with zero bytes to a whole
-number of 64-byte sections (:data:`hw.isa.SECTION_BYTES`), like the constants section.
+continuously across rows (:func:`hw.isa.pack_trits`), then zero bytes and a CRC word: a whole number of
+64-byte sections (:data:`hw.isa.SECTION_BYTES`) whose last 4 bytes are the CRC-32 (:func:`hw.isa.crc32_words`)
+of the block's bytes before them (:func:`channel_block_bytes`, :func:`seal_block`). A channel with no rows has
+an empty block (no bytes, no CRC).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from hw.numerics import INT32_MAX, INT32_MIN, LUT_RANGE_LOG2
 __all__ = [
     "ImageError", "Instruction", "MicroOpSpec", "ImageInfo", "ParsedImage",
     "assemble", "parse_image", "disassemble", "channel_block_bytes", "channel_rows", "const_section_bytes",
-    "vector_words",
+    "vector_words", "seal_block", "check_block_crcs",
 ]
 
 HEADER_BYTES = isa.layout_bytes(ImageHeader)
@@ -195,12 +197,23 @@ def channel_rows(n: int, channels: int, c: int) -> int:
 
 
 def channel_block_bytes(n: int, k: int, channels: int, packing: TritPacking) -> list[int]:
-    """Bytes of each channel's weight block (packed continuously, padded to whole sections)."""
+    """Bytes of each channel's weight block: its packed trits, zero padding and the CRC word, a whole number
+    of sections, ``round_up(packed + 4, 64)``; 0 for a channel without rows (the one place that sizes a
+    block: the compiler, the devices, the cycle model and the core's fetcher and gearboxes follow it)."""
     out = []
     for c in range(channels):
         b = isa.packed_trit_bytes(channel_rows(n, channels, c) * k, packing)
-        out.append(b + isa.section_pad(b))
+        out.append(b + 4 + isa.section_pad(b + 4) if b else 0)
     return out
+
+
+def seal_block(packed: bytes) -> bytes:
+    """A channel's weight block from its packed trits: zero padding, then the CRC word of all bytes before it
+    (``hw.isa.crc32_words``), the whole a multiple of :data:`hw.isa.SECTION_BYTES` (empty stays empty)."""
+    if not packed:
+        return b""
+    body = bytes(packed) + bytes(isa.section_pad(len(packed) + 4))
+    return body + isa.crc32_words(body).to_bytes(4, "little")
 
 
 def vector_words(n: int) -> int:
@@ -246,11 +259,7 @@ def assemble(instructions: Sequence[Instruction], *, packing: TritPacking, chann
             t = np.asarray(ins.trits)
             if t.shape != (ins.n, ins.k):
                 raise ValueError(f"{ins.name}: trits have shape {t.shape}, expected {(ins.n, ins.k)}")
-            blocks = []
-            for c in range(channels):
-                b = isa.pack_trits(t[c::channels], packing)
-                blocks.append(b + bytes(isa.section_pad(len(b))))
-            weights = b"".join(blocks)
+            weights = b"".join(seal_block(isa.pack_trits(t[c::channels], packing)) for c in range(channels))
         fields = ins.header_fields(len(weights), isa.crc32_words(consts) if consts else 0)
         head = isa.pack(InstrHeader, fields)
         head = head[:-4] + isa.crc32_words(head[:-4]).to_bytes(4, "little")
@@ -279,7 +288,8 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
 
     Checks magic, version, header CRC, every instruction header CRC and constant CRC, opcodes and
     micro-ops, shapes against :mod:`hw.isa`'s limits and the header's dimensions, truncation, the final
-    END_TOKEN, and (``check_trits``) that every packed byte is a valid trit code.
+    END_TOKEN, and (``check_trits``) that every packed byte is a valid trit code and every weight block's CRC
+    word matches (all channels' trits before the CRC words: ``BAD_TRIT`` before ``WEIGHT_CRC``).
 
     Raises
     ------
@@ -386,6 +396,8 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
                                  start, idx)
                 ins.blocks.append(block)
                 start += nb
+            if check_trits:    # every channel's trits first (found while decoding), then the CRC words
+                check_block_crcs(mv[pos:pos + wb], expect, pos, idx)
         elif wb:
             raise ImageError(ErrorCause.BAD_SHAPE, f"{opcode.name} carries {wb} weight bytes", **where)
         pos += wb
@@ -455,6 +467,26 @@ def _check_shape(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) 
 
 
 _READS_BUF = (MicroOpcode.LD, MicroOpcode.MULV, MicroOpcode.ADDV, MicroOpcode.SSQ, MicroOpcode.AMAX)
+
+
+def check_block_crcs(weights: bytes | memoryview, sizes: Sequence[int], offset: int, idx: int) -> None:
+    """Check each channel block's CRC word (its last 4 bytes: CRC-32 of the bytes before them).
+
+    Raises
+    ------
+    ImageError
+        ``WEIGHT_CRC`` at the first bad block's CRC word (``offset`` is the weight section's byte offset).
+    """
+    start = 0
+    for nb in sizes:
+        if nb:
+            body = weights[start:start + nb - 4]
+            want = int.from_bytes(bytes(weights[start + nb - 4:start + nb]), "little")
+            got = isa.crc32_words(body)
+            if got != want:
+                raise ImageError(ErrorCause.WEIGHT_CRC, f"weight block CRC 0x{want:08x}, computed 0x{got:08x}",
+                                 offset=offset + start + nb - 4, instruction=idx)
+        start += nb
 
 
 def _check_trits(block: np.ndarray, n_trits: int, packing: TritPacking, offset: int, idx: int) -> None:

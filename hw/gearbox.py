@@ -2,8 +2,9 @@
 
 docs/RTL.md, ``hw/gearbox.py``. A weight block (:func:`host.image.channel_block_bytes`) is ``rows`` rows
 of ``K`` trits packed continuously with :func:`hw.isa.pack_trits` (a row may start in the middle of a
-byte), zero-padded to whole 64-byte sections (:data:`hw.isa.SECTION_BYTES`). The gearbox takes one
-:class:`GearboxCmd` per block, consumes exactly the block's beats (padding included) and emits
+byte), zero-padded to whole 64-byte sections (:data:`hw.isa.SECTION_BYTES`) whose last 4 bytes are the block's
+CRC word. The gearbox takes one :class:`GearboxCmd` per block, consumes exactly the block's beats (padding and
+CRC word included, never decoded as trits: the core checks the CRC beside it) and emits
 ``rows * ceil(K / lanes)`` chunks (layout :func:`hw.streams.trit_chunk_layout`): chunk ``j`` of a row holds
 trits ``[j * lanes, min((j + 1) * lanes, K))`` of that row in lanes ``0 .. count - 1``; other lanes are 0.
 
@@ -22,7 +23,9 @@ Microarchitecture
 * **Input side**: the block's trit count ``rows * K`` (< 2**32) is registered with the command (one
   16 x 16 multiply in the command prefetch register; control only, nothing multiplies data). A beat holds
   data while fewer than ``rows * K`` trits were taken (a signed remaining-trits down-counter); data beats
-  go into the window, the rest of the block's last 64-byte section is accepted and dropped at the input.
+  go into the window; the rest of the last data beat's 64-byte section, and one more section when fewer
+  than 4 bytes follow the data in it (the CRC word needs them: ``round_up(packed + 4, 64)`` bytes a block), is
+  accepted and dropped at the input (``pad_left``).
   The input side may run one command ahead of the output side.
 * **Window**: ``window_beats = ceil((beat_trits - 1 + lanes) / beat_trits) + 1`` slots of decoded beats
   and a trit offset ``off`` into slot 0. A chunk is the window shifted right by ``off`` trits (one barrel
@@ -151,6 +154,9 @@ class TritGearbox(wiring.Component):
     clear : In(1)
         ``clear = 1`` in cycle ``t`` makes ``bad_trit`` read 0 from cycle ``t + 1``, unless a bad chunk is
         loaded in cycle ``t`` (setting wins). Affects nothing else.
+    blk_last : Out(1)
+        The beat transferred on ``i`` this cycle is its block's last (the beat holding the CRC word): the core
+        checks each block's CRC over the beats it takes (``hw/top.py``).
 
     Raises
     ------
@@ -174,6 +180,7 @@ class TritGearbox(wiring.Component):
         self._lanes = lanes
         self._predecoded = bool(predecoded)
         per_byte = 4 if packing is TritPacking.BITS2 else 5
+        self._per_byte = per_byte
         self._beat_trits = bus_bits // 8 * per_byte
         self._chunk_beats = -(-(self._beat_trits - 1 + lanes) // self._beat_trits)
         super().__init__({
@@ -182,6 +189,7 @@ class TritGearbox(wiring.Component):
             "o": Out(stream.Signature(trit_chunk_layout(lanes))),
             "bad_trit": Out(1),
             "clear": In(1),
+            "blk_last": Out(1),
         })
 
     @property
@@ -243,13 +251,15 @@ class TritGearbox(wiring.Component):
         nb = Signal(range(NB + 1))       # valid window slots
         in_data = Signal()
         in_pad = Signal()
-        # in_rem <= 0 and in_rem <= W, registered with in_rem: the end-of-block test is a mux of two flags,
-        # not a 34-bit subtraction and compare in front of the input control (a short path at the ECP5 clock)
-        rem_le0, rem_le_w = Signal(init=1), Signal(init=1)
+        # in_rem <= 0, in_rem <= W and in_rem <= T, registered with in_rem: the end-of-block test is a mux of
+        # flags, not a 34-bit subtraction and compare in front of the input control (a short path at the ECP5
+        # clock). T: the last data beat leaves fewer than 4 bytes for the CRC word when in_rem > T
+        T = (self._bus_bits // 8 - 4) * self._per_byte
+        rem_le0, rem_le_w, rem_le_t = Signal(init=1), Signal(init=1), Signal(init=1)
+        pad_left = Signal(range(2 * S))  # beats after the data: padding, the CRC word's beat (dropped here)
         m.d.comb += in_data.eq(in_active & ~rem_le0)
-        if S > 1:
-            bidx = Signal(range(S))      # beat index within the 64-byte section
-            m.d.comb += in_pad.eq(in_active & rem_le0 & (bidx != 0))
+        m.d.comb += in_pad.eq(in_active & rem_le0)
+        bidx = Signal(range(S)) if S > 1 else Const(0, 1)   # beat index within the 64-byte section
         m.d.comb += self.i.ready.eq((in_data & (nb < NB)) | in_pad)
         xfer = self.i.valid & self.i.ready
         wr = Signal()
@@ -257,17 +267,23 @@ class TritGearbox(wiring.Component):
 
         rem_n = Signal(signed(34))
         in_done_n = Signal()
+        last_data = Signal()             # this beat is the block's last data beat
+        pad_after = Signal(range(2 * S))  # beats after it: the rest of its section, and one more section when
+        # fewer than 4 bytes follow the data in it (the CRC word is the block's last 4 bytes)
         m.d.comb += rem_n.eq(in_rem - Mux(wr, W, 0))
         rem_n_le0 = Mux(wr, rem_le_w, rem_le0)     # rem_n <= 0
-        if S > 1:
-            bidx_n = Signal(range(S))
-            m.d.comb += [bidx_n.eq(bidx + xfer), in_done_n.eq(rem_n_le0 & (bidx_n == 0))]
-        else:
-            m.d.comb += in_done_n.eq(rem_n_le0)
+        m.d.comb += [last_data.eq(wr & rem_n_le0),
+                     pad_after.eq((S - 1 - bidx) + Mux((bidx == S - 1) & ~rem_le_t, S, 0)),
+                     in_done_n.eq((last_data & (pad_after == 0)) | (in_pad & xfer & (pad_left == 1)))]
+        m.d.comb += self.blk_last.eq(xfer & in_done_n)
         with m.If(in_active):
-            m.d.sync += [in_rem.eq(rem_n), rem_le0.eq(rem_n <= 0), rem_le_w.eq(rem_n <= W)]
+            m.d.sync += [in_rem.eq(rem_n), rem_le0.eq(rem_n <= 0), rem_le_w.eq(rem_n <= W), rem_le_t.eq(rem_n <= T)]
             if S > 1:
-                m.d.sync += bidx.eq(bidx_n)
+                m.d.sync += bidx.eq(bidx + xfer)
+            with m.If(last_data):
+                m.d.sync += pad_left.eq(pad_after)
+            with m.Elif(in_pad & xfer):
+                m.d.sync += pad_left.eq(pad_left - 1)
             with m.If(in_done_n):
                 m.d.sync += in_active.eq(0)
 
@@ -282,6 +298,7 @@ class TritGearbox(wiring.Component):
                 in_rem.eq(pend_total),
                 rem_le0.eq(pend_total == 0),
                 rem_le_w.eq(pend_total <= W),
+                rem_le_t.eq(pend_total <= T),
             ]
 
         # ------------------------------------------------------------------------ output side

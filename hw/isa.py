@@ -65,8 +65,8 @@ from amaranth.hdl import Shape, signed, unsigned
 from amaranth.lib import data, enum
 
 __all__ = [
-    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "OUTPUT_ABORT_WORD", "ID_MAGIC", "ISA_VERSION", "SECTION_BYTES",
-    "section_pad",
+    "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "OUTPUT_ABORT_WORD", "NO_INSTRUCTION", "ID_MAGIC", "ISA_VERSION",
+    "SECTION_BYTES", "section_pad",
     "MAX_HIDDEN", "MAX_INTERMEDIATE", "MAX_LAYERS", "MAX_VOCAB", "MAX_K", "MAX_N", "MAX_OPS", "MAX_CONSTS",
     "ACC_BITS", "acc_bits_for",
     "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Ctrl", "Status", "IRQ_SOURCES",
@@ -84,6 +84,8 @@ OUTPUT_MAGIC = int.from_bytes(b"MMFO", "little")  #: output packet header
 #: The word (with ``tlast``) that closes an output packet cut short by an error while the LM head's logits
 #: were streaming: the packet is then not a whole number of sections and fails to parse; STATUS says why.
 OUTPUT_ABORT_WORD = int.from_bytes(b"MMFE", "little")
+#: ``ERROR_WHERE`` of an error found outside any instruction (the token packet, the image header)
+NO_INSTRUCTION = 0xFFFF_FFFF
 ID_MAGIC = int.from_bytes(b"MMFA", "little")      #: register map ID block
 #: 2: the released checkpoints' numerics (BitLinear eps through ``InstrHeader.ssq_bias`` and the compiled
 #: constants, codes rounded half away from zero) and ``cb_mant``/``cb_shift`` in one word. Version 1 images
@@ -209,6 +211,7 @@ class ErrorCause(enum.Enum, shape=unsigned(8)):
     TOKEN_CRC = 13       #: token packet CRC
     ABORTED = 14         #: the host aborted (reset) in the middle of a token
     NO_END = 15          #: the image has no END_TOKEN
+    WEIGHT_CRC = 16      #: a weight block's CRC word (the block's last 4 bytes)
 
 
 class Ctrl(enum.Flag, shape=unsigned(32)):
@@ -332,7 +335,7 @@ class InstrHeader(data.Struct):
     cb_mant: unsigned(24)         #: Cb = sqrt(K) / 127 / s_w = cb_mant * 2**-cb_shift (s_w = fl32(1/beta))
     cb_shift: signed(8)
     ssq_bias: unsigned(32)        #: the RMSNorm epsilons in the ssq register's units (hw.numerics.ssq_with_bias)
-    weight_bytes: unsigned(32)    #: packed weights, all channel blocks
+    weight_bytes: unsigned(32)    #: weight blocks of all channels (packed trits, padding, CRC word)
     const_crc: unsigned(32)       #: CRC-32 of the constant words (0 when there are none)
     ops: data.ArrayLayout(MicroOp, MAX_OPS)
     crc: unsigned(32)

@@ -212,6 +212,7 @@ class Accelerator(wiring.Component):
         for c in range(1, C):
             m.d.comb += [gear[c].i.payload.data.eq(beats[c].tdata), gear[c].i.valid.eq(beats[c].tvalid & ~draining),
                          beats[c].tready.eq(gear[c].i.ready | draining)]
+        wfirst = [Signal(init=1, name=f"wfirst{c}") for c in range(C)]   # the next beat starts a block
 
         # channel 0: a word serializer (headers, token) or whole beats (constants, weights)
         ch0 = beats[0]
@@ -274,6 +275,33 @@ class Accelerator(wiring.Component):
             m.d.sync += [d.eq(data_now), v.eq(valid_now), st.eq(start_now)]
             m.d.comb += [proc.data.eq(d), proc.valid.eq(v), proc.start.eq(st)]
         m.d.comb += crc_w_valid.eq(word_take)
+
+        # one CRC pipe per weight channel: each block's CRC word (its last 4 bytes) is checked over the beats as
+        # they are taken (channel 0: into the weight FIFO; channel c > 0: into gearbox c), at beat rate, one
+        # cycle behind the stream like the others; a block's verdict (wcrc_done, wcrc_bad) is registered two
+        # cycles after its last beat, and the sequencer acts on it once every channel's block is complete
+        # (GEMV_DRAIN), after every trit of the instruction was decoded: BAD_TRIT first, whatever the channel
+        w_valid = [Signal(name=f"wcrc_valid{c}") for c in range(C)]   # driven below (fetcher, gearboxes)
+        w_start = [Signal(name=f"wcrc_start{c}") for c in range(C)]
+        w_last = [Signal(name=f"wcrc_last{c}") for c in range(C)]     # the block's last beat (its CRC word)
+        wcrc_done = [Signal(name=f"wcrc_done{c}") for c in range(C)]
+        wcrc_bad = [Signal(name=f"wcrc_bad{c}") for c in range(C)]
+        for c in range(C):
+            proc = crc.catalog.CRC32_ETHERNET(data_width=self.bus_bits).create()
+            m.submodules[f"crc_wt{c}"] = proc
+            d, v, st, l1, l2 = Signal(self.bus_bits), Signal(), Signal(), Signal(), Signal()
+            m.d.sync += [d.eq(beats[c].tdata), v.eq(w_valid[c]), st.eq(w_start[c]), l1.eq(w_valid[c] & w_last[c]),
+                         l2.eq(l1)]
+            m.d.comb += [proc.data.eq(d), proc.valid.eq(v), proc.start.eq(st)]
+            with m.If(l2):
+                m.d.sync += [wcrc_done[c].eq(1), wcrc_bad[c].eq(~proc.match_detected)]
+        for c in range(1, C):
+            m.d.comb += [w_valid[c].eq(gear[c].i.valid & gear[c].i.ready), w_start[c].eq(wfirst[c]),
+                         w_last[c].eq(gear[c].blk_last)]
+            with m.If(w_valid[c]):
+                m.d.sync += wfirst[c].eq(gear[c].blk_last)
+            with m.If(soft_rst):
+                m.d.sync += wfirst[c].eq(1)
 
         # ---------------- sequencer state
         err = Signal()
@@ -516,9 +544,9 @@ class Accelerator(wiring.Component):
         # are taken from the header's first beat, their product (plus the rounding) is registered the next
         # cycle, and F_CHECK2 (at least two cycles after the first beat) divides by a constant.
         sz_rows, sz_k = Signal(16), Signal(16)
-        sz_blk = Signal(33)           # rows * k + (trits per section - 1)
+        sz_blk = Signal(33)           # rows * k + (68 * trits per byte - 1)
         per = 5 if self.packing is TritPacking.BASE3 else 4
-        m.d.sync += sz_blk.eq(sz_rows * sz_k + (64 * per - 1))
+        m.d.sync += sz_blk.eq(sz_rows * sz_k + (68 * per - 1))   # round_up(packed + 4, 64): the CRC word
         block_beats = Signal(24)
         m.d.comb += block_beats.eq(block_sections(sz_blk, per) * (64 // beat_bytes))
         f_idx = Signal(32)            # index of the instruction being fetched
@@ -675,7 +703,8 @@ class Accelerator(wiring.Component):
                         m.next = "F_HDR"
             with fstate("F_WEIGHTS"):
                 # the dispatched GEMV's channel-0 block, into the weight FIFO
-                m.d.comb += beat_to_fifo.eq(1)
+                m.d.comb += [beat_to_fifo.eq(1), w_valid[0].eq(ch0.tvalid & wfifo.w_rdy), w_start[0].eq(f_cnt == 0),
+                             w_last[0].eq(f_cnt == x_block_beats - 1)]
                 with m.If(ch0.tvalid & wfifo.w_rdy):
                     m.d.sync += f_cnt.eq(f_cnt + 1)
                     with m.If(ch0.tlast):   # the image ends with END_TOKEN: no weight beat may be last
@@ -793,6 +822,7 @@ class Accelerator(wiring.Component):
                     m.next = "ERROR"
                 with m.Elif(f_ready):
                     m.d.comb += dispatch.eq(1)
+                    m.d.sync += [wcrc_done[0].eq(0), wcrc_bad[0].eq(0)]   # its channel-0 block streams from now
                     m.d.sync += [xhr.eq(img), instr_idx.eq(f_idx), xbank.eq(~xbank), x_block_beats.eq(f_block_beats),
                                  src.eq(ih.as_value()[64:68]), layer.eq(ih.layer), cfg_ops.eq(ih.ops),
                                  cfg_nops.eq(ih.n_ops), cnt.eq(0)]
@@ -838,6 +868,10 @@ class Accelerator(wiring.Component):
             with state("GEMV_START"):
                 m.d.comb += [busy.eq(1), epi.start.eq(1)]
                 m.d.sync += [lanes_done[c].eq(0) for c in range(C)]
+                # channels > 0 take their block's beats from the gearbox command on (GEMV); a channel without
+                # rows has an empty block (no beats, no CRC word)
+                m.d.sync += [wcrc_done[c].eq(gear[c].cmd.payload.rows == 0) for c in range(1, C)]
+                m.d.sync += [wcrc_bad[c].eq(0) for c in range(1, C)]
                 with m.If(xh.flags.as_value()[2]):  # LOGITS: this is the LM head
                     m.d.sync += [out_scale_m.eq(scale_m), out_scale_s.eq(scale_s + xh.out_frac), n_logits.eq(0)]
                 m.next = "GEMV"
@@ -863,11 +897,16 @@ class Accelerator(wiring.Component):
                 with m.Elif(epi.done):
                     m.next = "GEMV_DRAIN"
             with state("GEMV_DRAIN"):
-                # the epilogue is done; the FIFO may still hold the block's padding beats
+                # the epilogue is done; the FIFO may still hold the block's padding beats. Every trit was decoded
+                # (no BAD_TRIT): the weight blocks' CRC verdicts decide, once every channel's block has ended
                 m.d.comb += [busy.eq(1), gear0_on.eq(1)]
-                with m.If(g0_cnt >= x_block_beats):
-                    m.d.comb += instr_done.eq(1)
-                    m.next = "DISPATCH"
+                with m.If((g0_cnt >= x_block_beats) & Cat(*wcrc_done).all()):
+                    with m.If(Cat(*wcrc_bad).any()):
+                        m.d.sync += fail(ErrorCause.WEIGHT_CRC)
+                        m.next = "ERROR"
+                    with m.Else():
+                        m.d.comb += instr_done.eq(1)
+                        m.next = "DISPATCH"
             with state("RUN_TOKEN"):
                 m.d.comb += [busy.eq(1), feed_token.eq(1)]
                 with m.If(epi.done):
@@ -948,8 +987,9 @@ def block_rows(n, channels: int):
 
 
 def block_sections(blk_plus, trits_per_byte: int):
-    """64-byte sections of a weight block from ``blk_plus = trits + 64 * trits_per_byte - 1`` (unsigned, below
-    ``2**32 + 320``): ``floor(blk_plus / 256)`` for 2-bit packing, ``floor(floor(blk_plus / 64) / 5)`` for
+    """64-byte sections of a weight block, ``ceil((ceil(trits / per) + 4) / 64)`` (its packed trits and CRC word:
+    ``host.image.channel_block_bytes``), from ``blk_plus = trits + 68 * trits_per_byte - 1`` (unsigned, below
+    ``2**32 + 340``): ``floor(blk_plus / 256)`` for 2-bit packing, ``floor(floor(blk_plus / 64) / 5)`` for
     base-3 as ``(z * 13421773) >> 26``, exact for ``z < 2**26`` since ``5 * 13421773 = 2**26 + 1``."""
     if trits_per_byte == 5:
         return ((blk_plus >> 6) * 13421773) >> 26

@@ -258,7 +258,66 @@ def test_bad_trit_byte(model, packing, bad):
     raw = bytearray(image)
     raw[at] = bad
     _fails(raw, ErrorCause.BAD_TRIT, instruction=G_PROJ, offset=at, match=f"0x{bad:02x}")
-    parse_image(bytes(raw), check_trits=False)   # the check can be skipped (weights carry no CRC)
+    parse_image(bytes(raw), check_trits=False)   # the weight checks can be skipped
+
+
+def _valid_other_byte(packing: TritPacking, b: int) -> int:
+    """Another byte that is still a valid trit code (a corruption that BAD_TRIT cannot see)."""
+    if packing is TritPacking.BASE3:
+        return (b + 1) % 243
+    for s in (0, 2, 4, 6):   # +1 <-> -1 (0b01 <-> 0b11) in the first non-zero code
+        if (b >> s) & 3:
+            return b ^ (0b10 << s)
+    return b | 0b01
+
+
+@pytest.mark.parametrize("packing", [TritPacking.BASE3, TritPacking.BITS2])
+@pytest.mark.parametrize("part", ["trits", "padding", "crc"])
+@pytest.mark.parametrize("channel", [0, 1])
+def test_weight_crc(model, packing, part, channel):
+    """Each channel block ends with the CRC word of its bytes: a valid-looking trit byte, a padding byte or the
+    CRC word itself changed is WEIGHT_CRC at that block's CRC word."""
+    image = _image(model, packing=packing, channels=2)
+    ins = parse_image(image).instructions[G_PROJ]
+    sizes = channel_block_bytes(ins.n, ins.k, 2, packing)
+    start = ins.weight_offset + sum(sizes[:channel])
+    packed = isa.packed_trit_bytes(len(range(channel, ins.n, 2)) * ins.k, packing)
+    assert sizes[channel] % isa.SECTION_BYTES == 0 and sizes[channel] >= packed + 4
+    crc_at = start + sizes[channel] - 4
+    body = bytes(image[start:crc_at])
+    assert int.from_bytes(image[crc_at:crc_at + 4], "little") == isa.crc32_words(body)
+    raw = bytearray(image)
+    if part == "trits":
+        raw[start + 7] = _valid_other_byte(packing, raw[start + 7])
+    elif part == "padding":
+        if packed == sizes[channel] - 4:
+            pytest.skip("no padding in this block")
+        raw[crc_at - 1] ^= 0x01
+    else:
+        raw[crc_at + 2] ^= 0x80
+    _fails(raw, ErrorCause.WEIGHT_CRC, instruction=G_PROJ, offset=crc_at, match="weight block CRC")
+    parse_image(bytes(raw), check_trits=False)
+
+
+def test_bad_trit_before_weight_crc(model):
+    """In one instruction, an invalid trit in channel 1 comes before a bad CRC in channel 0 (docs/ISA.md 5)."""
+    image = _image(model, packing=TritPacking.BASE3, channels=2)
+    ins = parse_image(image).instructions[G_PROJ]
+    sizes = channel_block_bytes(ins.n, ins.k, 2, TritPacking.BASE3)
+    raw = bytearray(image)
+    raw[ins.weight_offset + 3] = _valid_other_byte(TritPacking.BASE3, raw[ins.weight_offset + 3])
+    raw[ins.weight_offset + sizes[0] + 2] = 0xF5
+    _fails(raw, ErrorCause.BAD_TRIT, instruction=G_PROJ, offset=ins.weight_offset + sizes[0] + 2)
+
+
+def test_block_sizes_hold_the_crc_word():
+    """round_up(packed + 4, 64): a block whose trits fill whole sections gets one more for its CRC word."""
+    assert channel_block_bytes(1, 256, 1, TritPacking.BITS2) == [128]      # 64 packed bytes
+    assert channel_block_bytes(1, 240, 1, TritPacking.BITS2) == [64]       # 60 packed bytes
+    assert channel_block_bytes(1, 244, 1, TritPacking.BITS2) == [128]      # 61 packed bytes
+    assert channel_block_bytes(1, 300, 1, TritPacking.BASE3) == [64]       # 60 packed bytes: 64 with its CRC
+    assert channel_block_bytes(1, 305, 1, TritPacking.BASE3) == [128]      # 61 packed bytes
+    assert channel_block_bytes(2, 5, 3, TritPacking.BASE3) == [64, 64, 0]  # a channel without rows: no block
 
 
 # ------------------------------------------------------------------------------------- the end
@@ -281,7 +340,7 @@ def test_every_cause_of_a_bad_image_is_tested():
     tested = {ErrorCause.BAD_MAGIC, ErrorCause.BAD_VERSION, ErrorCause.HEADER_CRC, ErrorCause.INSTR_CRC,
               ErrorCause.CONST_CRC, ErrorCause.UNKNOWN_OPCODE, ErrorCause.BAD_MICROOP, ErrorCause.BAD_SHAPE,
               ErrorCause.TRUNCATED, ErrorCause.BAD_TRIT, ErrorCause.NO_END, ErrorCause.TOKEN_MAGIC,
-              ErrorCause.TOKEN_LENGTH, ErrorCause.TOKEN_CRC}
+              ErrorCause.TOKEN_LENGTH, ErrorCause.TOKEN_CRC, ErrorCause.WEIGHT_CRC}
     assert set(ErrorCause) - tested == {ErrorCause.NONE, ErrorCause.ABORTED}   # ABORTED is the host's reset
 
 

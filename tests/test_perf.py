@@ -155,7 +155,8 @@ def _as_built_formula(prog, b: BuildParams) -> list[int]:
             body = max(ins.n, *(max(4 + r * per_row,                                # hw/gearbox.py latencies
                                     math.ceil(math.ceil(r * ins.k / per_byte) / b.beat_bytes) + 5) for r in rows))
             done = start + body + drain + 1
-            beats0 = math.ceil(64 * math.ceil(math.ceil(rows[0] * ins.k / per_byte) / 64) / b.beat_bytes)
+            # the block: packed trits and the CRC word in whole sections (host.image.channel_block_bytes)
+            beats0 = math.ceil(64 * math.ceil((math.ceil(rows[0] * ins.k / per_byte) + 4) / 64) / b.beat_bytes)
             w_end = d + beats0                                # channel 0's block into the weight FIFO
             if beats0 > b.fifo_beats:
                 w_end = max(w_end, start + 2 + math.ceil((beats0 - 1 - b.fifo_beats)

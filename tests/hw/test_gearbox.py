@@ -16,7 +16,7 @@ from amaranth.hdl import UnusedElaboratable
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from host.image import channel_block_bytes
+from host.image import channel_block_bytes, seal_block
 from hw import isa
 from hw.gearbox import TritGearbox, _base3_rom
 from hw.isa import TritPacking
@@ -29,10 +29,10 @@ BASE3, BITS2 = TritPacking.BASE3, TritPacking.BITS2
 
 # ----------------------------------------------------------------------------------------------- model
 def make_block(rows: int, k: int, packing: TritPacking, rng: np.random.Generator) -> bytes:
-    """A channel weight block: random trits packed continuously, zero-padded to whole 64-byte sections."""
+    """A channel weight block: random trits packed continuously, zero padding and the CRC word, whole 64-byte
+    sections (``host.image.seal_block``)."""
     trits = rng.integers(-1, 2, size=rows * k).astype(np.int8)
-    raw = isa.pack_trits(trits, packing)
-    block = raw + bytes(isa.section_pad(len(raw)))
+    block = seal_block(isa.pack_trits(trits, packing))
     assert len(block) == channel_block_bytes(rows, k, 1, packing)[0]
     return block
 
@@ -77,15 +77,16 @@ SENTINEL_BYTE = 0xA5  # beats offered after the last block: must never be taken
 
 
 def run(dut: TritGearbox, cmds, stream: bytes, n_chunks: int, *, seed=0, cmd_idle=0.0, in_idle=0.0,
-        out_stall=0.0, cmd_delay=0, clear=None):
+        out_stall=0.0, cmd_delay=0, clear=None, block_ends=None):
     """Drive ``cmds`` and the beats of ``stream``; return (chunks, transfer cycles, bad_trit per transfer,
-    bad_trit trace, beats taken). Checks the stream rules on ``o`` and that no extra beat is taken."""
+    bad_trit trace, beats taken). Checks the stream rules on ``o`` and that no extra beat is taken, and with
+    ``block_ends`` (beat indices) that ``blk_last`` marks exactly those beats."""
     rng = np.random.default_rng(seed)
     beats = beats_of(stream, dut.bus_bits)
     if dut.predecoded:
         beats = [predecode(b, dut.packing, dut.bus_bits) for b in beats]
     layout = trit_chunk_layout(dut.lanes)
-    st = {"taken": 0, "extra": 0, "cycle": 0}
+    st = {"taken": 0, "extra": 0, "cycle": 0, "ends": []}
     max_cycles = 200 + cmd_delay + 10 * (len(beats) + n_chunks + len(cmds))  # generous even at 30 % idles
     got, cycles, bads, trace = [], [], [], []
 
@@ -111,7 +112,10 @@ def run(dut: TritGearbox, cmds, stream: bytes, n_chunks: int, *, seed=0, cmd_idl
             valid = idx >= len(beats) or rng.random() >= in_idle
             ctx.set(dut.i.payload, {"data": beats[idx] if idx < len(beats) else sentinel})
             ctx.set(dut.i.valid, valid)
-            _, _, ready = await ctx.tick().sample(dut.i.ready)
+            _, _, ready, blk_last = await ctx.tick().sample(dut.i.ready, dut.blk_last)
+            if blk_last:
+                assert valid and ready, "blk_last without a transfer"
+                st["ends"].append(idx)
             if valid and ready:
                 if idx < len(beats):
                     st["taken"] += 1
@@ -149,6 +153,8 @@ def run(dut: TritGearbox, cmds, stream: bytes, n_chunks: int, *, seed=0, cmd_idl
     sim.add_testbench(sink)
     sim.run()
     assert st["extra"] == 0, "a beat beyond the last block was taken"
+    if block_ends is not None:
+        assert st["ends"] == block_ends, f"blk_last at beats {st['ends']}, blocks end at {block_ends}"
     return got, cycles, bads, trace, st["taken"]
 
 
@@ -160,6 +166,9 @@ def shapes(lanes: int, beat_trits: int, per_byte: int):
     return [
         (1, 1), (3, lanes - 1), (2, lanes + 1), (1, lanes), (4, 5), (0, 9), (2, beat_trits + 3), (5, 3),
         (1, 2 * beat_trits + 7), (3, 0), (big_rows, big_k), (1, 7), (6, 4 * lanes + 1),
+        # the CRC word: data filling a section (one more section), ending 1-3 bytes short of it (one more),
+        # or exactly 4 short (none)
+        (1, 64 * per_byte), (1, 61 * per_byte), (1, 63 * per_byte - 1), (2, 30 * per_byte),
     ]
 
 
@@ -182,14 +191,16 @@ def test_random_blocks_back_to_back(packing, bus_bits, lanes, stress, predecoded
     rng = np.random.default_rng(bus_bits * 1000 + lanes)
     cmds = shapes(lanes, dut.beat_trits, per_byte)
     rng.shuffle(cmds)
-    stream, expect = b"", []
+    stream, expect, ends = b"", [], []
     for rows, k in cmds:
         block = make_block(rows, k, packing, rng)
         stream += block
         expect += expected_chunks(block, rows, k, packing, lanes)
+        if block:
+            ends.append(len(stream) // (bus_bits // 8) - 1)
     p = 0.3 if stress else 0.0
     got, _, bads, _, taken = run(dut, cmds, stream, len(expect), seed=lanes, cmd_idle=p, in_idle=p, out_stall=p,
-                                 cmd_delay=20 if stress else 0)
+                                 cmd_delay=20 if stress else 0, block_ends=ends)
     assert taken == len(stream) // (bus_bits // 8)
     for n, (g, e) in enumerate(zip(got, expect, strict=False)):
         assert g == e, f"chunk {n}: got {g}, expected {e}"
@@ -210,7 +221,7 @@ def test_two_commands_back_to_back_at_full_rate():
     the padding beats the input still has to skip."""
     dut = TritGearbox(packing=BASE3, bus_bits=64, lanes=16)
     rng = np.random.default_rng(7)
-    cmds = [(12, 37), (9, 71)]  # 444 trits = 89 bytes (+39 padding), 639 trits = 128 bytes (no padding)
+    cmds = [(12, 37), (9, 71)]  # 444 trits = 89 bytes (+35 padding, CRC), 639 trits = 128 bytes (+60, CRC)
     blocks = [make_block(r, k, BASE3, rng) for r, k in cmds]
     expect = [c for (r, k), b in zip(cmds, blocks, strict=True) for c in expected_chunks(b, r, k, BASE3, 16)]
     got, cycles, _, _, _ = run(dut, cmds, b"".join(blocks), len(expect))
