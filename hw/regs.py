@@ -5,16 +5,16 @@ base, :func:`hw.isa.register_base`). AXI4-Lite per ARM IHI 0022E, chapter B1: in
 write channels, one outstanding transaction each, ``OKAY`` responses (unmapped reads return 0; writes
 other than to ``CTRL`` are ignored).
 
-``CTRL`` (write): bit 0 ``clear`` (leave the error state, wait for the next token packet), bit 1
-``abort`` (stop the token in flight with ``ErrorCause.ABORTED``), bit 2 ``logits`` (reserved: the token
-packet's flag decides). Bits 0-1 are strobes (read back as 0).
+``CTRL`` (write) holds :class:`hw.isa.Ctrl`: ``CLEAR`` (leave the error state, wait for the next token packet)
+and ``ABORT`` (stop the token in flight with ``ErrorCause.ABORTED``), one-cycle strobes; other bits are
+ignored and ``CTRL`` reads as 0. ``STATUS`` (read) holds :class:`hw.isa.Status`: ``BUSY``, ``DONE``, ``ERROR``.
 """
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.isa import REGISTER_MAP, Counter
+from hw.isa import REGISTER_MAP, Counter, Ctrl, Status
 
 __all__ = ["AXI4LiteSignature", "RegisterBlock"]
 
@@ -51,9 +51,9 @@ class RegisterBlock(wiring.Component):
     ----------
     axil : AXI4LiteSignature
     clear, abort : Out(1)
-        One-cycle strobes from ``CTRL`` writes.
+        One-cycle strobes from ``CTRL`` writes (:class:`hw.isa.Ctrl` ``CLEAR``, ``ABORT``).
     busy, done, error : In(1)
-        ``STATUS`` bits 0-2.
+        ``STATUS``: :class:`hw.isa.Status` ``BUSY``, ``DONE``, ``ERROR``.
     error_cause : In(8)
     error_where : In(32)
     position, argmax : In(32)
@@ -103,7 +103,10 @@ class RegisterBlock(wiring.Component):
                 with m.Case(off):
                     m.d.comb += word.eq(val)
             with m.Case(r.STATUS):
-                m.d.comb += word.eq(Cat(self.busy, self.done, self.error))
+                status = Signal(Status)
+                m.d.comb += [status.eq(Mux(self.busy, Status.BUSY, 0) | Mux(self.done, Status.DONE, 0)
+                                       | Mux(self.error, Status.ERROR, 0)),
+                             word.eq(status.as_value())]
             with m.Case(r.ERROR_CAUSE):
                 m.d.comb += word.eq(self.error_cause)
             with m.Case(r.ERROR_WHERE):
@@ -139,7 +142,9 @@ class RegisterBlock(wiring.Component):
         with m.If(aw_ok & w_ok & ~bvalid):
             m.d.sync += [bvalid.eq(1), aw_ok.eq(0), w_ok.eq(0)]
             with m.If((awaddr & ~Const(3, self._addr_width)) == r.CTRL):
-                m.d.sync += [self.clear.eq(wdata[0]), self.abort.eq(wdata[1])]
+                ctrl = Ctrl(wdata)
+                m.d.sync += [self.clear.eq((ctrl & Ctrl.CLEAR).as_value().any()),
+                             self.abort.eq((ctrl & Ctrl.ABORT).as_value().any())]
         with m.If(bvalid & bus.bready):
             m.d.sync += bvalid.eq(0)
         return m

@@ -37,15 +37,13 @@ from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamSink, AxiStreamSource
 
 from hw import isa
-from hw.isa import REGISTER_MAP, Counter, ErrorCause, TritPacking
+from hw.isa import REGISTER_MAP, Counter, Ctrl, ErrorCause, Status, TritPacking
 
 # cocotbext-axi 0.1.28 still uses cocotb 1.x APIs that cocotb 2 deprecates (Task.kill, Event.data)
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"cocotbext\.")
 
 R = REGISTER_MAP
 CLOCK_NS = 10
-CTRL_CLEAR, CTRL_ABORT = 1, 2
-STATUS_BUSY, STATUS_DONE, STATUS_ERROR = 1, 2, 4
 
 
 def load_manifest() -> tuple[dict, Path]:
@@ -245,7 +243,7 @@ class TB:
         self.last_token_ns = (t1 - t0) * CLOCK_NS
         await ClockCycles(self.dut.clk, 2)
         status = await self.read(R.STATUS)
-        assert status == STATUS_DONE, f"{label}: STATUS 0x{status:x} after the output packet (done only expected)"
+        assert status == Status.DONE.value, f"{label}: STATUS 0x{status:x} after the output packet (done only expected)"
         assert self.dut.irq.value == 1, f"{label}: irq low after a completed token"
         after = await self.counters([c.name for c in Counter])
         for name, exp in step["counters"].items():
@@ -282,13 +280,13 @@ class TB:
                 while not (self.dut.m_axis_out__tvalid.value and self.dut.m_axis_out__tready.value):
                     await RisingEdge(self.dut.clk)
             await with_timeout(first_output(), drain_ns, "ns")
-            await self.write(R.CTRL, CTRL_ABORT)
+            await self.write(R.CTRL, Ctrl.ABORT.value)
         elif abort_at is not None:
             await ClockCycles(self.dut.clk, max(1, int(abort_at * self.last_token_ns) // CLOCK_NS))
             status = await self.read(R.STATUS)
-            if not status & STATUS_BUSY:
+            if not status & Status.BUSY.value:
                 problems.append(f"core not busy when the abort was due (STATUS 0x{status:x})")
-            await self.write(R.CTRL, CTRL_ABORT)
+            await self.write(R.CTRL, Ctrl.ABORT.value)
         try:
             await self.sources_idle(drain_ns)
         except cocotb.triggers.SimTimeoutError:
@@ -299,7 +297,7 @@ class TB:
             nonlocal status
             while True:
                 status = await self.read(R.STATUS)
-                if status & STATUS_ERROR:
+                if status & Status.ERROR.value:
                     return
                 await ClockCycles(self.dut.clk, 50)
 
@@ -320,7 +318,7 @@ class TB:
             where = await self.read(R.ERROR_WHERE)
             if where != step["where"]:
                 problems.append(f"ERROR_WHERE {where}, the golden device reports instruction {step['where']}")
-        if status & STATUS_BUSY:
+        if status & Status.BUSY.value:
             problems.append(f"STATUS 0x{status:x}: busy in error")
         if self.dut.irq.value != 1:
             problems.append("irq low in error")
@@ -333,10 +331,10 @@ class TB:
             problems.append("a partial output packet (no tlast) was left on m_axis_out")
         if self.checker.expected:
             problems.append("an expected output packet is pending (an open packet was not closed)")
-        await self.write(R.CTRL, CTRL_CLEAR)
+        await self.write(R.CTRL, Ctrl.CLEAR.value)
         await ClockCycles(self.dut.clk, 2)
         status = await self.read(R.STATUS)
-        if status & STATUS_ERROR:
+        if status & Status.ERROR.value:
             problems.append(f"STATUS 0x{status:x} after CTRL.clear (error still set)")
         if await self.read(R.ERROR_CAUSE) != 0:
             problems.append("ERROR_CAUSE not cleared by CTRL.clear")
@@ -349,7 +347,7 @@ class TB:
         self.send(self.file(step["packet"]), self.m["images"][step["image"]])
         await ClockCycles(self.dut.clk, max(1, int(step["at"] * self.last_token_ns) // CLOCK_NS))
         status = await self.read(R.STATUS)
-        assert status & STATUS_BUSY, f"core not busy when the reset was due (STATUS 0x{status:x})"
+        assert status & Status.BUSY.value, f"core not busy when the reset was due (STATUS 0x{status:x})"
         await self.reset()
         status = await self.read(R.STATUS)
         assert status == 0, f"STATUS 0x{status:x} after reset"
@@ -391,7 +389,7 @@ async def id_block(dut):
         assert await tb.counter(c) == 0, f"counter {c.name} non-zero after reset"
     assert dut.irq.value == 0
     # CTRL.clear with nothing to clear is harmless
-    await tb.write(R.CTRL, CTRL_CLEAR)
+    await tb.write(R.CTRL, Ctrl.CLEAR.value)
     assert await tb.read(R.STATUS) == 0
 
 

@@ -26,7 +26,7 @@ from host.devices.golden import GoldenMachine
 from host.image import ImageError, channel_block_bytes, vector_words
 from host.perf import BuildParams
 from hw import isa
-from hw.isa import Counter, ErrorCause, InstrFlags, Opcode, TritPacking
+from hw.isa import Counter, Ctrl, ErrorCause, InstrFlags, Opcode, Status, TritPacking
 
 R = isa.REGISTER_MAP
 SOFT_RESET = 0xF0
@@ -135,12 +135,12 @@ class FakeCore:
         off = addr - self.base
         if off == R.CTRL:
             self.ctrl_writes.append(value)
-            if value & 1:     # clear: leave the error state, drop what was streamed
+            if value & Ctrl.CLEAR.value:     # leave the error state, drop what was streamed
                 self.status &= ~4
                 self.cause = self.where = 0
                 self.streams = [bytearray() for _ in range(self.channels)]
-            if value & 2:
-                self.status = 4
+            if value & Ctrl.ABORT.value:
+                self.status = Status.ERROR.value
                 self.cause = ErrorCause.ABORTED.value
         elif off == SOFT_RESET and value & 1:
             self.soft_resets += 1
@@ -156,12 +156,12 @@ class FakeCore:
         self._try_run()
 
     def _fail(self, cause: ErrorCause, where: int = 0) -> None:
-        self.status = 4
+        self.status = Status.ERROR.value
         self.cause, self.where = cause.value, where
         self.streams = [bytearray() for _ in range(self.channels)]
 
     def _try_run(self) -> None:
-        if self.status & 4:
+        if self.status & Status.ERROR.value:
             self.streams = [bytearray() for _ in range(self.channels)]   # drained while in error
             return
         ch0 = bytes(self.streams[0])
@@ -202,7 +202,7 @@ class FakeCore:
         for c, v in res.counters.items():
             self.counters[c] += int(v)
         self.output = res.output
-        self.status = 2
+        self.status = Status.DONE.value
         self.tokens_run += 1
         trailer = isa.unpack(isa.OutputTrailer, res.output[-isa.layout_bytes(isa.OutputTrailer):])
         self.position, self.argmax = trailer.position, trailer.argmax

@@ -116,7 +116,7 @@ class FakeBoard:
                 if len(self.rx) < 6:
                     return
                 addr, value = self.rx[1], struct.unpack_from("<I", self.rx, 2)[0]
-                if addr == R.CTRL and value & 1:
+                if addr == R.CTRL and value & isa.Ctrl.CLEAR.value:
                     self.status, self.phase, self.beats = 0, "token", bytearray()
                 self._reply(bytes([ul.REP_WRITE]))
                 del self.rx[:6]
@@ -144,7 +144,7 @@ class FakeBoard:
 
     def _packet_end(self):
         data, self.beats = bytes(self.beats), bytearray()
-        if self.status & 4:              # error state: inputs are drained
+        if self.status & isa.Status.ERROR.value:     # error state: inputs are drained
             return
         if self.phase == "token":
             self.packet, self.phase = data, "image"
@@ -155,7 +155,8 @@ class FakeBoard:
         try:
             res = m.run_token(self.packet, state)
         except ImageError as exc:
-            self.status, self.cause, self.where = 4 | 2, exc.cause.value, exc.instruction or 0
+            self.status = (isa.Status.ERROR | isa.Status.DONE).value
+            self.cause, self.where = exc.cause.value, exc.instruction or 0
             return
         self.state = res.state
         for c, v in res.counters.items():
@@ -163,7 +164,7 @@ class FakeBoard:
         words = struct.unpack(f"<{len(res.output) // 4}I", res.output)
         for i, w in enumerate(words):
             self._reply(bytes([ul.REP_OUTPUT]), struct.pack("<IB", w, int(i == len(words) - 1)))
-        self.status = 2
+        self.status = isa.Status.DONE.value
 
 
 @pytest.fixture(scope="module")

@@ -32,15 +32,13 @@ from host.image import ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
 from hw import numerics as nx
-from hw.isa import Counter, ErrorCause, TritPacking
+from hw.isa import Counter, Ctrl, ErrorCause, Status, TritPacking
 
 __all__ = ["BoardDevice", "SOFT_RESET", "read_id_block"]
 
 R = isa.REGISTER_MAP
 #: Core-relative offset of the shell's soft reset (hw/boards/xilinx_shell.py; kept equal there).
 SOFT_RESET = 0xF0
-STATUS_BUSY, STATUS_DONE, STATUS_ERROR = 1, 2, 4
-CTRL_CLEAR, CTRL_ABORT = 1, 2
 
 
 def read_id_block(read) -> dict[str, int]:
@@ -130,7 +128,7 @@ class BoardDevice(ReplayLogDevice):
         if not 1 <= ident["channels"] <= 4 or not ident["packings"]:
             raise DeviceError(f"device {self.name!r}: implausible ID block {ident}")
         self.build = ident
-        self._reg_write(R.CTRL, CTRL_CLEAR)
+        self._reg_write(R.CTRL, Ctrl.CLEAR.value)
         self._soft_reset()
 
     def _soft_reset(self) -> None:
@@ -142,7 +140,7 @@ class BoardDevice(ReplayLogDevice):
     def _check_error(self) -> None:
         """Raise DeviceError when the core's STATUS has its error flag (then clear it)."""
         status = self._reg_read(R.STATUS)
-        if status & STATUS_ERROR:
+        if status & Status.ERROR.value:
             cause = self._reg_read(R.ERROR_CAUSE)
             where = self._reg_read(R.ERROR_WHERE)
             try:
@@ -157,9 +155,9 @@ class BoardDevice(ReplayLogDevice):
         """After an error or a time-out: abort the token (time-out), let the transport settle (its streams
         drain into the stopped core), then clear the core for the next token packet."""
         if abort:
-            self._reg_write(R.CTRL, CTRL_ABORT)
+            self._reg_write(R.CTRL, Ctrl.ABORT.value)
         self._quiesce()
-        self._reg_write(R.CTRL, CTRL_CLEAR)
+        self._reg_write(R.CTRL, Ctrl.CLEAR.value)
 
     def _quiesce(self) -> None:  # noqa: B027 - optional hook
         """Stop or finish every transfer of the failed token (default: nothing to do)."""

@@ -350,7 +350,7 @@ class Ecp5Device(ReplayLogDevice):
             status = link.read(_R.STATUS)
             if status & 4:
                 cause, where = link.read(_R.ERROR_CAUSE), link.read(_R.ERROR_WHERE)
-                link.write(_R.CTRL, 1)      # clear: wait for the next token packet
+                link.write(_R.CTRL, isa.Ctrl.CLEAR.value)      # wait for the next token packet
                 link.output.clear()
                 try:
                     name = ErrorCause(cause).name

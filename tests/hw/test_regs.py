@@ -9,7 +9,7 @@ from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 
 from hw import isa
-from hw.isa import REGISTER_MAP, Counter
+from hw.isa import REGISTER_MAP, Counter, Ctrl, Status
 from hw.regs import RegisterBlock
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -68,14 +68,14 @@ def test_id_block_status_counters_and_ctrl():
         ctx.set(dut.error_cause, isa.ErrorCause.INSTR_CRC.value)
         ctx.set(dut.error_where, 17)
         ctx.set(dut.counter_cycles, (5 << 32) | 7)
-        assert await _read(ctx, bus, REGISTER_MAP.STATUS) == 0b101
+        assert await _read(ctx, bus, REGISTER_MAP.STATUS) == (Status.BUSY | Status.ERROR).value
         assert await _read(ctx, bus, REGISTER_MAP.ERROR_CAUSE) == isa.ErrorCause.INSTR_CRC.value
         assert await _read(ctx, bus, REGISTER_MAP.ERROR_WHERE) == 17
         assert await _read(ctx, bus, REGISTER_MAP.counter(Counter.CYCLES)) == 7
         assert await _read(ctx, bus, REGISTER_MAP.counter(Counter.CYCLES) + 4) == 5
         assert await _read(ctx, bus, 0xFC) == 0  # unmapped
-        await _write(ctx, bus, REGISTER_MAP.CTRL, 0b01)
-        await _write(ctx, bus, REGISTER_MAP.CTRL, 0b10, data_first=True)
+        await _write(ctx, bus, REGISTER_MAP.CTRL, Ctrl.CLEAR.value)
+        await _write(ctx, bus, REGISTER_MAP.CTRL, Ctrl.ABORT.value, data_first=True)
         await _write(ctx, bus, REGISTER_MAP.ID_MAGIC, 0)  # read-only: ignored
         assert await _read(ctx, bus, REGISTER_MAP.ID_MAGIC) == ID[REGISTER_MAP.ID_MAGIC]
         await ctx.tick().repeat(3)

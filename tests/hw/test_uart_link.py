@@ -13,6 +13,7 @@ from tests.hw.uart_sim import ID_VALUES, SimSerial, link_harness
 
 pytestmark = pytest.mark.filterwarnings("error")
 R = isa.REGISTER_MAP
+CLEAR, DONE, ERROR = isa.Ctrl.CLEAR.value, isa.Status.DONE.value, isa.Status.ERROR.value
 
 
 @pytest.fixture
@@ -32,8 +33,8 @@ def test_register_reads_return_the_id_block(port):
 def test_register_write_reaches_ctrl(port):
     link = UartLink(port, timeout=5.0)
     assert link.read(R.STATUS) == 0
-    link.write(R.CTRL, 1)                          # clear strobe -> the harness sets STATUS.done
-    assert link.read(R.STATUS) == 2
+    link.write(R.CTRL, CLEAR)                      # clear strobe -> the harness sets STATUS.done
+    assert link.read(R.STATUS) == DONE
     link.write(R.ID_LANES, 0xDEADBEEF)             # ignored by the register block
     assert link.read(R.ID_LANES) == ID_VALUES[R.ID_LANES]
 
@@ -55,7 +56,7 @@ def test_unknown_opcode_reset_and_resync(port):
     link = UartLink(port, timeout=5.0)
     link.reset_core()
     # an abandoned command: 'W' and two of its five argument bytes, then silence past the byte time-out
-    port.write(bytes([ul.OP_WRITE, R.CTRL, 1]))
+    port.write(bytes([ul.OP_WRITE, R.CTRL, CLEAR]))
     port.run(6000)
     assert port.read(1) == b""                      # no reply to an abandoned command
     assert link.read(R.ID_MAGIC) == isa.ID_MAGIC    # the parser is back at the start of a command
@@ -66,8 +67,8 @@ def test_unknown_opcode_reset_and_resync(port):
 def test_core_reset_reaches_the_core(port):
     """The registered core reset: a cleared STATUS.done after the link's reset command."""
     link = UartLink(port, timeout=5.0)
-    link.write(R.CTRL, 1)
-    assert link.read(R.STATUS) == 2
+    link.write(R.CTRL, CLEAR)
+    assert link.read(R.STATUS) == DONE
     link.reset_core()
     assert link.read(R.STATUS) == 0
     data = bytes(range(8, 32))                      # the output path works after the reset
@@ -151,6 +152,6 @@ def test_the_real_core_behind_the_link():
     for off in (R.ID_MAGIC, R.ID_LANES, R.ID_EPILOGUE, R.ID_QUANT_LANES):
         assert link.read(off) == ids[off]
     link.stream(bytes(range(8)), last=True)         # not a token packet's magic word
-    assert link.read(R.STATUS) & 0b100             # error
+    assert link.read(R.STATUS) & ERROR
     link.reset_core()
     assert link.read(R.STATUS) == 0
