@@ -372,17 +372,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _git_revision() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
 def _cmd_power(args: argparse.Namespace) -> int:
     import importlib.util
     import platform
@@ -392,6 +381,7 @@ def _cmd_power(args: argparse.Namespace) -> int:
     from host.power.run import run_generation
     from host.power.sources import parse_spec
     from host.sampling import validate_sampling
+    from hw.provenance import git_revision, machine_info
 
     # Everything checkable without a sensor or the model first.
     validate_sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -454,9 +444,8 @@ def _cmd_power(args: argparse.Namespace) -> int:
             "device": args.device, "model": str(args.model), "prompt": args.prompt,
             "prompt_tokens": len(gen.prompt_ids), "token_ids": gen.token_ids, "text": gen.text,
             "command": ["mmfree", *sys.argv[1:]] if sys.argv and Path(sys.argv[0]).name == PROG else None,
-            "git_revision": _git_revision(),
-            "machine": {"node": platform.node(), "platform": platform.platform(),
-                        "python": platform.python_version()},
+            "git_revision": git_revision(),
+            "machine": {"node": platform.node(), **machine_info()},
         }
         if estimate:
             from host.power.estimate import constants_table

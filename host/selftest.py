@@ -12,16 +12,14 @@ to the roofline of :func:`host.perf.roofline` for a board of :data:`host.perf.BO
 from __future__ import annotations
 
 import os
-import platform
-import subprocess
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from host.devices.base import Device
+from hw.provenance import git_revision, machine_info
 
 __all__ = ["SelftestResult", "selftest", "bench", "build_params_of", "image_of"]
 
@@ -136,18 +134,6 @@ def image_of(device: Device):
     return getattr(m, "image", None)
 
 
-def _git() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                           text=True, timeout=5)
-        d = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = r.stdout.strip()
-    return (sha + ("-dirty" if d.stdout.strip() else "")) if sha else None
-
-
 def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv260",
           fmax_mhz: float | None = None) -> dict:
     """Greedy decode of ``tokens`` tokens from BOS; tokens/s, GB/s, cycles per token, % of the roofline.
@@ -226,8 +212,10 @@ def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv
     if r:
         out["stream_efficiency"] = r["stream_efficiency"]
         out["cycles_predicted"] = r["predicted"]
-    out["provenance"] = {"git": _git(), "machine": platform.platform(), "python": platform.python_version(),
-                         "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
+    machine = machine_info()
+    out["provenance"] = {"git": git_revision(), "machine": machine["platform"], "cpu": machine["cpu"],
+                         "python": machine["python"], "cpus": machine["cpu_count"],
+                         "load_average": list(os.getloadavg()),
                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if device.name in ("golden", "rtl", "reference"):
         out["note"] = ("tokens/s and GB/s are this host's simulation speed, not hardware's; cycles per token "

@@ -29,6 +29,8 @@ from amaranth.lib import fifo
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import connect
 
+from hw.provenance import git_revision
+
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "LinkedCore", "pll_config", "build", "sweep", "publish",
            "collect_sweep", "DEFAULT_PARAMS", "REPO_ROOT"]
 
@@ -278,17 +280,6 @@ def _tool_version(cmd: str) -> str:
     return text[0] if text else "unknown"
 
 
-def _git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hw"], cwd=REPO_ROOT, capture_output=True,
-                               text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev + ("-dirty" if dirty else "")
-
-
 _FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz \((PASS|FAIL) at ([\d.]+) MHz\)")
 
 
@@ -420,7 +411,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     opts = f"--report nextpnr_report.json --seed {seed} --placer {placer} --router {router} --timing-allow-fail" + (
         f" --placer-heap-beta {density:g}" if density is not None else "") + (" --no-route" if place_only else "")
     t0 = time.time()
-    revision = _git_revision()    # of the sources elaborated now (the tools then run for up to hours)
+    # of the sources elaborated now (the tools then run for up to hours); only hw/ makes it -dirty
+    revision = git_revision(paths=("hw",)) or "unknown"
     print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
     plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts)
     env = _tool_env()

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hw.provenance import git_revision
+
 __all__ = ["BOARDS", "EXIT_NO_TOOL", "XilinxBoard", "build", "estimate", "generate", "core_params",
            "verilog_top", "vivado_tcl", "vitis_files", "summarise_cells"]
 
@@ -819,16 +821,6 @@ def reference_points(board: str) -> list[dict]:
     return out
 
 
-def _git_revision() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return r.stdout.strip() + ("-dirty" if dirty else "") if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _update_report(b: XilinxBoard, out: Path, update: dict) -> None:
     path = out / "report.json"
     rep = json.loads(path.read_text()) if path.is_file() else {}
@@ -841,7 +833,7 @@ def _update_report(b: XilinxBoard, out: Path, update: dict) -> None:
                         "vendor tool exists. Utilisation under 'estimate' is a Yosys estimate, not a Vivado "
                         "report; Fmax is unknown until Vivado's timing report."})
     rep.update(update)
-    rep["git"] = _git_revision()
+    rep["git"] = git_revision()
     path.write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n")
 
 
