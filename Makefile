@@ -109,12 +109,12 @@ clean:
 # then regenerates docs/PERFORMANCE.md and docs/perf/*.png from bench/results/*.json and bitstreams/*/report.json.
 # Only read, never re-run here: bench_golden.py (~12 min), bench_rtl.py and bench_synth.py (Verilator/Yosys
 # builds, tens of minutes), bench_gpu.py (needs an H200), bitstreams (make bitstream BOARD=...).
-# `python bench/report.py` alone regenerates the report from the committed JSON (deterministic).
+# `python -m bench.report` alone regenerates the report from the committed JSON (deterministic).
 .PHONY: bench bench-report
 bench: $(BENCH_STAMP)
-	nice -n 10 $(BIN)/python bench/bench_cpu.py
-	nice -n 10 $(BIN)/python bench/bench_perf.py
-	$(BIN)/python bench/report.py
+	nice -n 10 $(BIN)/python -m bench.bench_cpu
+	nice -n 10 $(BIN)/python -m bench.bench_perf
+	$(BIN)/python -m bench.report
 
 bench-report: $(DEV_STAMP)
-	$(BIN)/python bench/report.py
+	$(BIN)/python -m bench.report

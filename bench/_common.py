@@ -42,9 +42,10 @@ def relevant_env() -> dict:
 
 def command_line() -> str:
     """The command that runs this process, shell-quoted: the :func:`relevant_env` assignments, then the
-    interpreter, script and arguments."""
+    interpreter (absolute) and its arguments as given (``-m bench.bench_cpu --runs 3``: ``sys.orig_argv``,
+    since under ``-m`` ``sys.argv[0]`` is the module's file, not what was typed)."""
     env = [f"{k}={shlex.quote(v)}" for k, v in relevant_env().items()]
-    return " ".join([*env, shlex.join([sys.executable, *sys.argv])])
+    return " ".join([*env, shlex.join([sys.executable, *sys.orig_argv[1:]])])
 
 
 def utc_now() -> str:

@@ -14,8 +14,8 @@ the CPU cost of decoding and ternarizing, not of a cold disk.
 
 Usage::
 
-    python bench/bench_checkpoint_memory.py                 # full 2.7B shape: ~5.4 GB of disk
-    python bench/bench_checkpoint_memory.py --layers 4      # same widths, 4 layers (~1.1 GB)
+    python -m bench.bench_checkpoint_memory                 # full 2.7B shape: ~5.4 GB of disk
+    python -m bench.bench_checkpoint_memory --layers 4      # same widths, 4 layers (~1.1 GB)
 
 Results go to ``bench/results/checkpoint_memory.json`` (``--out``): the command, git revision, machine,
 shape, and the numbers.
@@ -27,8 +27,6 @@ import argparse
 import datetime
 import json
 import math
-import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -36,12 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from _common import git_info, machine_info, peak_rss_bytes, write_json  # noqa: E402
+from bench._common import REPO, command_line, git_info, machine_info, peak_rss_bytes, write_json
 
 SHAPE_2P7B = {"hidden": 2560, "intermediate": 6912, "layers": 32, "vocab": 32000}
 
@@ -89,15 +82,13 @@ def child_load(args: argparse.Namespace) -> dict:
 
 
 def run_child(phase: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", phase, "--dir", str(args.dir),
-           "--layers", str(args.layers), "--hidden", str(args.hidden),
+    cmd = [sys.executable, "-m", "bench.bench_checkpoint_memory", "--_child", phase,
+           "--dir", str(Path(args.dir).resolve()), "--layers", str(args.layers), "--hidden", str(args.hidden),
            "--intermediate", str(args.intermediate), "--vocab", str(args.vocab), "--dtype", args.dtype,
            "--seed", str(args.seed), "--shard-size-bytes", str(args.shard_size_bytes)]
     if args.exact_random:
         cmd.append("--exact-random")
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)   # -m finds bench/ from REPO
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -161,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                       for k, s in full_shapes.items())
     report = {
         "benchmark": "checkpoint_memory",
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": command_line(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git": git_info(),
         "machine": machine_info(),

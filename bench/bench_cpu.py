@@ -25,8 +25,8 @@ agree).
 
 Usage::
 
-    python bench/bench_cpu.py                       # 5 runs of 100 steps each
-    python bench/bench_cpu.py --runs 3 --steps 50
+    python -m bench.bench_cpu                       # 5 runs of 100 steps each
+    python -m bench.bench_cpu --runs 3 --steps 50
 
 Results go to ``bench/results/cpu.json`` (``--out``).
 """
@@ -40,17 +40,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+from bench._common import REPO, RESULTS, provenance, write_json
 
 # The golden device's OpenMP wait policy (host/devices/golden.py), for every OpenMP runtime of the process:
 # libgomp reads it once, when it starts, and torch starts it first here.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
-from _common import RESULTS, provenance, write_json  # noqa: E402
+import numpy as np  # noqa: E402 - imported after OMP_WAIT_POLICY is set (its BLAS may start OpenMP)
 
 MODEL = REPO / "models" / "hgrn-bit-pydoc"
 HELDOUT = REPO / "data" / "pydoc" / "heldout.txt"
@@ -64,7 +60,8 @@ class TorchDevice:
 
     def __init__(self, weights):
         import torch
-        from torch_hgrn import TorchHGRNBit
+
+        from bench.torch_hgrn import TorchHGRNBit
 
         self._torch = torch
         self.model = TorchHGRNBit(weights, device="cpu", weight_dtype=torch.float32)
@@ -111,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numba
     import torch
-    from bench_golden import decode_speed
 
+    from bench.bench_golden import decode_speed
     from host.checkpoint import load_checkpoint
     from host.compiler import CompileOptions, calibrate
     from host.devices.golden import GoldenDevice

@@ -36,9 +36,9 @@ makes them sleep at once; the result file records such variables in ``command`` 
 
 Usage::
 
-    python bench/bench_golden.py                    # both models, 5 runs of 100 steps
-    python bench/bench_golden.py --layers-370m 4    # fewer layers of the 370M shape
-    OMP_WAIT_POLICY=passive python bench/bench_golden.py --out bench/results/golden_omp_passive.json
+    python -m bench.bench_golden                    # both models, 5 runs of 100 steps
+    python -m bench.bench_golden --layers-370m 4    # fewer layers of the 370M shape
+    OMP_WAIT_POLICY=passive python -m bench.bench_golden --out bench/results/golden_omp_passive.json
 
 Results go to ``bench/results/golden.json`` (``--out``).
 """
@@ -54,13 +54,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _common import RESULTS, peak_rss_bytes, provenance, write_json  # noqa: E402
+from bench._common import REPO, RESULTS, peak_rss_bytes, provenance, write_json
 
 MODEL = REPO / "models" / "hgrn-bit-pydoc"
 HELDOUT = REPO / "data" / "pydoc" / "heldout.txt"

@@ -36,9 +36,9 @@ float reference.
 
 Usage (on a machine with a CUDA GPU)::
 
-    python3 bench/bench_gpu.py --out bench/results/gpu.json
-    python3 bench/bench_gpu.py --variants eager,cuda_graph --energy-s 10
-    python3 bench/bench_gpu.py --shape 2.7B --variants cuda_graph,compile_cuda_graph \
+    python3 -m bench.bench_gpu --out bench/results/gpu.json
+    python3 -m bench.bench_gpu --variants eager,cuda_graph --energy-s 10
+    python3 -m bench.bench_gpu --shape 2.7B --variants cuda_graph,compile_cuda_graph \
         --out bench/results/gpu_2.7b.json
 
 Results go to ``--out`` (default ``bench/results/gpu.json``).
@@ -53,13 +53,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _common import RESULTS, provenance, write_json  # noqa: E402
+from bench._common import REPO, RESULTS, provenance, write_json
 
 SHAPES = {  # the released checkpoints' shapes (ridger/MMfreeLM-370M, -1.3B, -2.7B)
     "370M": {"vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 2816},
@@ -202,8 +198,7 @@ def capture(torch, fn, warmup: int = 3):
 
 def check_shipped(torch, tokens: int = 32) -> dict:
     """Greedy-decode the shipped model on the GPU (bfloat16 weights) and with the numpy float reference."""
-    from torch_hgrn import TorchHGRNBit
-
+    from bench.torch_hgrn import TorchHGRNBit
     from host.checkpoint import load_checkpoint
     from host.reference import ReferenceModel
 
@@ -253,8 +248,8 @@ def main(argv=None) -> int:
     print("idle before CUDA init", idle_cold, flush=True)
 
     import torch
-    from torch_hgrn import TorchHGRNBit
 
+    from bench.torch_hgrn import TorchHGRNBit
     from host.model import HGRNBitConfig, random_weights
 
     if not torch.cuda.is_available():

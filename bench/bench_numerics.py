@@ -30,8 +30,8 @@
 
 Usage::
 
-    python bench/bench_numerics.py                 # everything (~10 min on 2 cores)
-    python bench/bench_numerics.py --no-sweep      # (a) and (b) only
+    python -m bench.bench_numerics                 # everything (~10 min on 2 cores)
+    python -m bench.bench_numerics --no-sweep      # (a) and (b) only
 
 Results go to ``bench/results/numerics.json`` (``--out``); ``docs/NUMERICS.md`` discusses them.
 """
@@ -45,13 +45,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _common import RESULTS, provenance, write_json  # noqa: E402
+from bench._common import REPO, RESULTS, provenance, write_json
 
 MODEL = REPO / "models" / "hgrn-bit-pydoc"
 HELDOUT = REPO / "data" / "pydoc" / "heldout.txt"

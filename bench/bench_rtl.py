@@ -41,10 +41,10 @@ Side by side (``--versus``)
 
 Usage::
 
-    python bench/bench_rtl.py --cocotb                 # both builds, 8 tokens each, and the cocotb path
-    python bench/bench_rtl.py --lanes 64 --tokens 4    # one build
-    python bench/bench_rtl.py --layer-370m             # the 370M layer, both builds, 2 tokens each
-    python bench/bench_rtl.py --lanes 64 --versus OLD/obj/harness   # side by side with another revision's build
+    python -m bench.bench_rtl --cocotb                 # both builds, 8 tokens each, and the cocotb path
+    python -m bench.bench_rtl --lanes 64 --tokens 4    # one build
+    python -m bench.bench_rtl --layer-370m             # the 370M layer, both builds, 2 tokens each
+    python -m bench.bench_rtl --lanes 64 --versus OLD/obj/harness   # side by side with another revision's build
 
 Results go to ``bench/results/rtl.json`` (``--out``), with ``--layer-370m`` to
 ``bench/results/rtl_layer370m.json``. The first run builds each core (minutes).
@@ -59,13 +59,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO, REPO / "bench"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from _common import RESULTS, provenance, write_json  # noqa: E402
+from bench._common import REPO, RESULTS, provenance, write_json
 
 MODEL = REPO / "models" / "hgrn-bit-pydoc"
 HELDOUT = REPO / "data" / "pydoc" / "heldout.txt"
@@ -385,6 +381,8 @@ def _print_layer(name: str, r: dict) -> None:
 def bench_cocotb(lanes: int, bus_bits: int, token: int, max_layers: int = 8) -> dict:
     """The cocotb path (``sim/test_accelerator.py``) on the same design and token: the core's Verilog built by
     cocotb's Verilator runner, stimulus and checks in Python (cocotbext-axi), one whole token bit-exact."""
+    # sim/ on sys.path, not an import of sim.test_accelerator: cocotb's runner hands this process's sys.path to
+    # the simulator as PYTHONPATH, where the cocotb module (sim/accelerator_tests.py) is imported by bare name
     sim_dir = str(REPO / "sim")
     if sim_dir not in sys.path:
         sys.path.insert(0, sim_dir)

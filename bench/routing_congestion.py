@@ -24,7 +24,7 @@ build_top.sh``)::
 
 Usage::
 
-    PYTHONPATH=$PWD .venv/bin/python bench/routing_congestion.py heat 2 --out bench/results/routing_congestion.json
+    .venv/bin/python -m bench.routing_congestion heat 2 --out bench/results/routing_congestion.json
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import provenance, write_json  # noqa: E402
+from bench._common import provenance, write_json
 
 #: module groups reported as one: the epilogue's micro-op stages (``hw/epilogue.py``)
 GROUPS = ((re.compile(r"^core\.epilogue\.stage\d+$"), "core.epilogue.stage*"),)

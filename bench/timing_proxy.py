@@ -29,9 +29,9 @@ or registered multiplier (clock enables and resets included).
 
 Usage::
 
-    python bench/timing_proxy.py                      # 16 lanes, quant_lanes 4, 20 ns (50 MHz) limit
-    python bench/timing_proxy.py --lanes 32 --quant-lanes 8 --limit-ns 20
-    python bench/timing_proxy.py --netlist build/timing_proxy/<key>/netlist.json   # re-analyse only
+    python -m bench.timing_proxy                      # 16 lanes, quant_lanes 4, 20 ns (50 MHz) limit
+    python -m bench.timing_proxy --lanes 32 --quant-lanes 8 --limit-ns 20
+    python -m bench.timing_proxy --netlist build/timing_proxy/<key>/netlist.json   # re-analyse only
 
 Writes ``bench/results/timing_proxy.json``: provenance, parameters, the worst arrival, a histogram of
 endpoint arrivals (5 ns buckets), and the groups of endpoints over the limit keyed by their endpoint's
@@ -48,11 +48,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _common import REPO, RESULTS, provenance, write_json  # noqa: E402
-from bench_synth import tool_versions, yosys_command  # noqa: E402
+from bench._common import REPO, RESULTS, provenance, write_json
+from bench.bench_synth import tool_versions, yosys_command
 
 ROUTE_NS = 0.9            #: one net between two cells (an average; placement decides the real one)
 CARRY_NS = 0.1            #: CIN to COUT along a CCU2C chain

@@ -3,24 +3,20 @@ for inputs that do not exist yet."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from bench import report as bench_report
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("bench_report", REPO / "bench" / "report.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_report"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_report
 
 
 def _tree(tmp_path: Path, keep: set[str], boards: dict | None = None) -> Path:
@@ -38,11 +34,11 @@ def _tree(tmp_path: Path, keep: set[str], boards: dict | None = None) -> Path:
 
 
 def test_committed_report_matches_json(report):
-    """docs/PERFORMANCE.md is what the committed JSON gives (regenerate with `python bench/report.py`)."""
+    """docs/PERFORMANCE.md is what the committed JSON gives (regenerate with `python -m bench.report`)."""
     data = report.load_inputs(REPO)
     figs = sorted(p.name for p in report.FIG_DIR.glob("*.png"))
     text = report.render(data, figs)
-    assert report.DOC.read_text() == text, "docs/PERFORMANCE.md is stale: run `python bench/report.py`"
+    assert report.DOC.read_text() == text, "docs/PERFORMANCE.md is stale: run `python -m bench.report`"
     for fig in figs:
         assert f"(perf/{fig})" in text
 

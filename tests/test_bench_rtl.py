@@ -1,18 +1,12 @@
 """bench/bench_rtl.py's helpers that need no Verilator build (the benchmark itself runs in bench/)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from bench_rtl import _instruction_bytes, main  # noqa: E402
-
-from host.compiler import CompileOptions, compile_model  # noqa: E402
-from host.image import parse_image  # noqa: E402
-from host.model import HGRNBitConfig, random_weights  # noqa: E402
-from host.perf import instruction_bytes  # noqa: E402
+from bench.bench_rtl import _instruction_bytes, main
+from host.compiler import CompileOptions, compile_model
+from host.image import parse_image
+from host.model import HGRNBitConfig, random_weights
+from host.perf import instruction_bytes
 
 
 @pytest.mark.parametrize("channels", [1, 4])

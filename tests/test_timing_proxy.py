@@ -1,13 +1,8 @@
 """bench/timing_proxy.py's delay estimate on small hand-made netlists (no Yosys run)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-from timing_proxy import CARRY_NS, CLK_TO_OUT_NS, COMB_NS, ROUTE_NS, SETUP_NS, _hw_line, analyse  # noqa: E402
+from bench.timing_proxy import CARRY_NS, CLK_TO_OUT_NS, COMB_NS, ROUTE_NS, SETUP_NS, _hw_line, analyse
 
 
 def _cell(kind, src="", **ports):
@@ -70,7 +65,7 @@ def test_cli_reads_a_board_netlist(tmp_path):
     """``--netlist`` takes a board build's ``top.json`` (top module ``top``), not only the core's."""
     import json
 
-    from timing_proxy import main
+    from bench.timing_proxy import main
 
     cells = {
         "ff_a": _cell("TRELLIS_FF", DI=("input", [1]), Q=("output", [2])),
