@@ -262,6 +262,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from host.bundle import BUNDLE_SUFFIX, write_bundle
     from host.compiler import CompileOptions, compile_model, compile_program
     from host.image import disassemble, parse_image
     from hw.isa import TritPacking
@@ -272,7 +273,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     options = CompileOptions(packing=TritPacking[args.packing.upper()], channels=args.channels,
                              output_gate=args.output_gate)
     image = compile_model(checkpoint.weights, options)
-    if args.out is not None:
+    if args.out is not None and args.out.suffix == BUNDLE_SUFFIX:
+        tok = checkpoint.tokenizer
+        write_bundle(args.out, image, config=checkpoint.config, embeddings=checkpoint.weights.embeddings,
+                     tokenizer_json=tok.to_str() if tok is not None else None,
+                     compile_options={"packing": options.packing.name.lower(), "channels": options.channels,
+                                      "output_gate": options.output_gate,
+                                      "lut_segments_log2": options.lut_segments_log2})
+    elif args.out is not None:
         tmp = args.out.with_name(args.out.name + ".partial")
         try:
             tmp.write_bytes(image)
@@ -548,7 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile a checkpoint into the accelerator's model image")
     common(c, device=False)
-    c.add_argument("--out", type=Path, default=None, metavar="FILE", help="write the image to FILE")
+    c.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="write FILE: a deployable model bundle when it ends in .mmf (image, embeddings, tokenizer "
+                        "and config under one checksum: host/bundle.py), the bare model image otherwise")
     c.add_argument("--packing", choices=("base3", "bits2"), default="base3",
                    help="5 trits per byte (1.6 bit, default) or 2 bits per trit")
     c.add_argument("--channels", type=int, default=1, metavar="N", help="weight channels of the build (default 1)")

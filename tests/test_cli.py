@@ -372,6 +372,19 @@ def test_compile_writes_image_and_reports_density(monkeypatch, capsys, tmp_path)
     assert density == pytest.approx(checkpoint.config.n_trits / len(image), abs=0.01)
 
 
+def test_compile_out_mmf_writes_a_bundle(monkeypatch, capsys, tmp_path):
+    from host.bundle import read_bundle
+
+    checkpoint = tiny_checkpoint()
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: checkpoint)
+    out = tmp_path / "model.mmf"
+    assert cli.main(["compile", "--out", str(out), "--channels", "2"]) == 0
+    b = read_bundle(out)
+    assert b.config == checkpoint.config and b.compile_options["channels"] == 2
+    assert b.tokenizer.encode("def parse").ids == checkpoint.tokenizer.encode("def parse").ids
+    assert "-> " + str(out) in capsys.readouterr().err
+
+
 def test_compile_out_is_a_directory_leaves_nothing(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "_load_checkpoint", lambda path: tiny_checkpoint(tokenizer=False))
     target = tmp_path / "dir"
