@@ -264,7 +264,8 @@ def markdown(report: dict) -> str:
                      f"{bd['predicted_tok_s']:.1f} → {bp['predicted_tok_s']:.1f} | "
                      f"{bd['capped_tok_s']:.1f} → {bp['capped_tok_s']:.1f} |")
     L.append("")
-    L.append("### Other models: predicted tok/s on the KV260 (300 MHz) and the U55C (300 MHz), 1.6 bit\n")
+    L.append(f"### Other models: predicted tok/s on the KV260 ({BOARDS['kv260'].fmax_mhz:.0f} MHz) and the U55C "
+             f"({BOARDS['u55c'].fmax_mhz:.0f} MHz), 1.6 bit\n")
     L.append("| model | lanes×ch×bus | KV260 roofline (binding) | KV260 capped | U55C roofline (binding) | "
              "U55C capped |")
     L.append("|---|---|---:|---:|---:|---:|")

@@ -329,6 +329,17 @@ def _device_options(pairs: list[str] | None) -> dict:
     return out
 
 
+def _board_options(device: str, board: str, options: dict) -> dict:
+    """Device options of ``bench`` and ``power``: the golden device models ``board``'s design point
+    (:attr:`hw.boards.facts.BoardFacts.design`: lanes, channels, bus width, quantize lanes, clock) unless
+    ``--option`` sets a parameter; other devices report their own build."""
+    from hw.boards.facts import BOARDS
+
+    if device != "golden" or board not in BOARDS:
+        return options
+    return {**BOARDS[board].design.build_params(), **options}
+
+
 def _cmd_selftest(args: argparse.Namespace) -> int:
     from host.selftest import selftest
 
@@ -366,7 +377,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--fmax-mhz must be positive, not {args.fmax_mhz}")
     if args.tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
-    options = _device_options(args.option)
+    options = _board_options(args.device, args.board, _device_options(args.option))
     with open_device(args.device, **options) as device:
         checkpoint = _load_checkpoint(args.model)
         rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
@@ -416,7 +427,8 @@ def _cmd_power(args: argparse.Namespace) -> int:
     try:
         board = get_board(args.board)
         kind, _ = parse_spec(args.source)
-        with open_device(args.device, **_device_options(args.option)) as device:
+        with open_device(args.device, **_board_options(args.device, board.key, _device_options(args.option))) \
+                as device:
             source = make_source(args.source, board, device=device, i2c_bus=args.i2c_bus,
                                  i2c_address=args.i2c_address, i2c_force=args.i2c_force, xrt_device=xrt_device,
                                  csv_offset_s=args.csv_offset, static_w=args.static_w)
@@ -581,8 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimate (default: activity model, no board), pynq, ina260, xrt, xrt:FILE (saved xrt-smi "
                         "electrical JSON), csv:FILE (external meter log: timestamp, watts), replay:FILE")
     p.add_argument("--board", default=POWER_DEFAULT_BOARD, metavar="BOARD",
-                   help=f"board whose default rails and estimate apply: {', '.join(POWER_BOARDS)} "
-                        f"(default: {POWER_DEFAULT_BOARD})")
+                   help=f"board whose default rails and estimate apply and, on the golden device, whose design "
+                        f"point to model: {', '.join(POWER_BOARDS)} (default: {POWER_DEFAULT_BOARD})")
     p.add_argument("--budget", type=float, default=13.0, metavar="W", help="power budget in watts (default: 13)")
     p.add_argument("--budget-basis", choices=("total", "above-idle"), default="total",
                    help="the budget bounds the watts on the budget rails (default) or their draw above idle")
@@ -629,16 +641,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated token ids to run from a reset (default: the model's BOS)")
     st.set_defaults(func=_cmd_selftest)
 
-    from host.perf import BOARDS as PERF_BOARDS
+    from hw.boards.facts import BOARDS as BOARD_FACTS
+    from hw.boards.facts import DEFAULT_BOARD
 
     bn = sub.add_parser("bench", help="greedy decode on the device: tokens/s, GB/s, cycles per token, %% of the "
                                       "roofline (JSON)")
     common(bn)
     bn.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to decode (default: 16)")
-    bn.add_argument("--board", choices=sorted(PERF_BOARDS), default="kv260",
-                    help="whose roofline to compare with (default: kv260)")
+    bn.add_argument("--board", choices=list(BOARD_FACTS), default=DEFAULT_BOARD,
+                    help=f"whose roofline to compare with and, on the golden device, whose design point to model "
+                         f"(default: {DEFAULT_BOARD})")
     bn.add_argument("--fmax-mhz", type=float, default=None, metavar="MHZ",
-                    help="core clock for the cycle-based rate (default: the board's)")
+                    help="core clock for the cycle-based rate (default: the board's design clock)")
     bn.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the JSON to OUT")
     bn.set_defaults(func=_cmd_bench)
     return parser

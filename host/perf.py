@@ -77,6 +77,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from hw import isa
+from hw.boards import facts as _facts
 from hw.isa import Buffer, Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 
 __all__ = [
@@ -765,25 +766,10 @@ def token_prediction(program: ProgramShape, build: BuildParams) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- roofline
-@dataclass(frozen=True)
-class Board:
-    """A target of docs/ARCHITECTURE.md section 4 (peak figures from the vendors' datasheets, as cited there)."""
-
-    name: str
-    dram_gbs: float       #: DRAM peak bandwidth, GB/s
-    port_gbs: float       #: one PL-PS port (or HBM pseudo-channel), GB/s
-    ports: int            #: ports usable by the weight channels
-    fmax_mhz: float       #: a realistic clock for the core on this part
-    power_w: float        #: typical board power, for tokens/J projections (estimate)
-
-
-BOARDS = {
-    "pynq-z2": Board("PYNQ-Z2 (Zynq-7020)", 2.1, 1.2, 4, 100.0, 3.0),
-    "kv260": Board("KV260 (Zynq US+ K26)", 19.2, 4.8, 4, 300.0, 7.0),
-    "zcu104": Board("ZCU104 (Zynq US+ XCZU7EV)", 19.2, 4.8, 4, 300.0, 14.0),
-    "u55c": Board("Alveo U55C (HBM2)", 460.0, 14.4, 32, 300.0, 60.0),
-    "ulx3s-85f": Board("ULX3S-85F (ECP5)", 0.2, 0.2, 1, 60.0, 1.0),
-}
+#: The boards of docs/ARCHITECTURE.md section 4: :data:`hw.boards.facts.BOARDS` (peak bandwidths from the vendors'
+#: documents, the design point each board's flow builds), the one table of board facts.
+BOARDS = _facts.BOARDS
+Board = _facts.BoardFacts
 
 
 def roofline(image_bytes: int, trits: int, build: BuildParams, board: Board) -> dict[str, float]:
@@ -791,7 +777,7 @@ def roofline(image_bytes: int, trits: int, build: BuildParams, board: Board) -> 
 
     Returns a dict with ``dram``, ``ports``, ``channels`` (bus x Fmax) and ``lanes`` (trits x Fmax)
     in tokens/s, ``bound`` (their minimum) and ``binding`` (its name). Fmax is the smaller of the
-    build's and the board's.
+    build's and the board's design clock (:attr:`hw.boards.facts.BoardFacts.fmax_mhz`).
     """
     fmax = min(build.fmax_mhz, board.fmax_mhz) * 1e6
     rates = {

@@ -145,9 +145,11 @@ def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv
     checkpoint : Checkpoint or ModelWeights
     tokens : int, >= 1
     board : str
-        A key of :data:`host.perf.BOARDS`: whose roofline the numbers are compared with.
+        A key of :data:`hw.boards.facts.BOARDS` (:data:`host.perf.BOARDS`): whose roofline the numbers are
+        compared with.
     fmax_mhz : float, optional
-        Core clock for the cycle-based rate (default: the board's :attr:`host.perf.Board.fmax_mhz`).
+        Core clock for the cycle-based rate (default: the board's design clock,
+        :attr:`hw.boards.facts.BoardFacts.fmax_mhz`).
 
     Returns
     -------

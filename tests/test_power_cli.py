@@ -50,10 +50,10 @@ def test_estimate_writes_csv_json_png(capsys, fake_model, tmp_path):
     assert report["estimate"] is True and "ESTIMATE" in report["label"]
     assert report["run"]["tokens"] == 8 and len(report["token_ids"]) == 8
     assert report["budget"]["rails"] == ["pl", "mem", "rest"] and report["budget"]["watts"] == 13.0
-    assert report["source"]["fmax_mhz"] == 300.0        # no build on the toy: the KV260's clock
+    assert report["source"]["fmax_mhz"] == 200.0        # no build on the toy: the KV260's design clock
     assert report["estimate_constants"]["anchors"]["fpga_soft"]["status"] == "published"
-    # 100k cycles at 300 MHz per token
-    assert report["run"]["seconds"] == pytest.approx(8 * 100_000 / 300e6)
+    # 100k cycles at 200 MHz per token
+    assert report["run"]["seconds"] == pytest.approx(8 * 100_000 / 200e6)
     rows = list(csv.DictReader(open(d / "power.csv", encoding="utf-8")))
     assert {r["kind"] for r in rows} == {"estimate"}
     assert [r["token"] for r in rows if r["phase"] == "token"] == [str(i) for i in range(8)]
@@ -77,7 +77,7 @@ def test_rails_and_basis_options(capsys, fake_model, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--board", "zcu102"], "unknown board 'zcu102'; known boards: pynq-z2, kv260"),
+    (["--board", "zcu102"], "unknown board 'zcu102'; known boards: ulx3s-85f, ecpix5-85f, pynq-z2, kv260"),
     (["--source", "watts"], "unknown power source 'watts'"),
     (["--source", "csv"], "needs a file"),
     (["--rails", "vccint"], "--rails: no rail matches 'vccint'; rails found: pl, mem, rest"),

@@ -361,7 +361,11 @@ def test_make_source_uses_the_device_build():
 
     dev = type("D", (), {"build": Build()})()
     src = make_source("estimate", get_board("kv260"), device=dev)
-    assert src.fmax_hz == pytest.approx(300e6) and src.bus_bits == 256   # capped at the board's clock
+    # capped at the board's design clock (hw.boards.facts: the KV260 flow's 200 MHz)
+    assert src.fmax_hz == pytest.approx(200e6) and src.bus_bits == 256
+    # without a build: the board's design point (clock and beat width)
+    src = make_source("estimate", get_board("kv260"))
+    assert src.fmax_hz == pytest.approx(200e6) and src.bus_bits == 128
 
 
 @pytest.mark.parametrize(("spec", "message"), [

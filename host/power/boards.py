@@ -9,7 +9,7 @@ idle), so each board names the rails its budget is checked on by default, for ea
   :data:`ZYNQMP_PL_RAILS`; the board's labels come from its sensor configuration, so the command lists
   the rails it found when none match);
 * Alveo U55C: the card (XRT's ``power_consumption_watts``);
-* PYNQ-Z2 and ULX3S (no on-board sensors): whatever the external meter logs (every column).
+* PYNQ-Z2, ULX3S and ECPIX-5 (no on-board sensors): whatever the external meter logs (every column).
 
 The estimate (:mod:`host.power.estimate`) reports rails ``pl`` (programmable logic: static plus the
 accelerator's dynamic power), ``mem`` (dynamic power of moving the weights through DRAM/HBM) and
@@ -25,6 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from host.power.base import PowerError
+from hw.boards.facts import BOARDS as FACTS
+from hw.boards.facts import DEFAULT_BOARD as DEFAULT_FACTS_BOARD
+from hw.boards.facts import BoardFacts
 
 __all__ = ["BOARDS", "DEFAULT_BOARD", "PowerBoard", "ZYNQMP_PL_RAILS", "get_board", "select_rails"]
 
@@ -37,17 +40,13 @@ ALL = ("*",)
 
 @dataclass(frozen=True)
 class PowerBoard:
-    """A board's power facts.
+    """A board's power facts: its measured source and default budget rails (the rest, title, family, memory and
+    idle draw, from the one table of board facts, :data:`hw.boards.facts.BOARDS`).
 
     Attributes
     ----------
     key : str
-        Name used on the command line (``--board``); the same keys as :data:`host.perf.BOARDS`.
-    title : str
-    family : str
-        Key of :data:`host.power.estimate.FAMILIES` (``ecp5``, ``zynq7``, ``zynqmp``, ``alveo-hbm``).
-    memory : str
-        Key of :data:`host.power.estimate.MEMORIES` (``ddr3``, ``ddr4``, ``hbm2``, ``sdram``).
+        Name used on the command line (``--board``); a key of :data:`hw.boards.facts.BOARDS`.
     source : str
         The measured source to use on this board (``csv``, ``ina260``, ``pynq``, ``xrt``).
     rail_set : str
@@ -57,43 +56,51 @@ class PowerBoard:
     """
 
     key: str
-    title: str
-    family: str
-    memory: str
     source: str
     rail_set: str
     default_rails: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def facts(self) -> BoardFacts:
+        """The board's entry of :data:`hw.boards.facts.BOARDS`."""
+        return FACTS[self.key]
+
+    @property
+    def title(self) -> str:
+        return self.facts.title
+
+    @property
+    def family(self) -> str:
+        """Key of :data:`host.power.estimate.FAMILIES` (``ecp5``, ``zynq7``, ``zynqmp``, ``alveo-hbm``)."""
+        return self.facts.family
+
+    @property
+    def memory(self) -> str:
+        """Key of :data:`host.power.estimate.MEMORIES` (``ddr3``, ``ddr4``, ``hbm2``, ``sdram``)."""
+        return self.facts.memory
 
     def rails_for(self, source: str) -> tuple[str, ...] | None:
         """Default budget rail patterns for ``source`` (None: the board names none for it)."""
         return self.default_rails.get(source)
 
 
-BOARDS: dict[str, PowerBoard] = {
-    "pynq-z2": PowerBoard(
-        "pynq-z2", "PYNQ-Z2 (Zynq-7020)", "zynq7", "ddr3", "csv",
-        "the board's input, as logged by an external meter",
-        {"csv": ALL, "replay": ALL, "estimate": ALL}),
-    "kv260": PowerBoard(
-        "kv260", "KV260 (Zynq US+ K26 SOM)", "zynqmp", "ddr4", "ina260",
-        "the SOM's 5 V input (VCC_SOM, INA260 U14)",
-        {"ina260": ("som_5v",), "pynq": ("*ina260*",), "csv": ALL, "replay": ALL, "estimate": ALL}),
-    "zcu104": PowerBoard(
-        "zcu104", "ZCU104 (Zynq US+ XCZU7EV)", "zynqmp", "ddr4", "pynq",
-        "the programmable-logic rails (VCCINT, VCCBRAM, VCCAUX, MGT...)",
-        {"pynq": ZYNQMP_PL_RAILS, "csv": ALL, "replay": ALL, "estimate": ("pl",)}),
-    "u55c": PowerBoard(
-        "u55c", "Alveo U55C (HBM2)", "alveo-hbm", "hbm2", "xrt",
-        "the card (XRT power_consumption_watts)",
-        {"xrt": ("card",), "csv": ALL, "replay": ALL, "estimate": ALL}),
-    "ulx3s-85f": PowerBoard(
-        "ulx3s-85f", "ULX3S-85F (ECP5)", "ecp5", "sdram", "csv",
-        "the board's input, as logged by an external meter",
-        {"csv": ALL, "replay": ALL, "estimate": ALL}),
-}
+_METER = "the board's input, as logged by an external meter"
 
-#: Board used when none is named.
-DEFAULT_BOARD = "kv260"
+#: One entry per board of :data:`hw.boards.facts.BOARDS`, in its order.
+BOARDS: dict[str, PowerBoard] = {b.key: b for b in (
+    PowerBoard("ulx3s-85f", "csv", _METER, {"csv": ALL, "replay": ALL, "estimate": ALL}),
+    PowerBoard("ecpix5-85f", "csv", _METER, {"csv": ALL, "replay": ALL, "estimate": ALL}),
+    PowerBoard("pynq-z2", "csv", _METER, {"csv": ALL, "replay": ALL, "estimate": ALL}),
+    PowerBoard("kv260", "ina260", "the SOM's 5 V input (VCC_SOM, INA260 U14)",
+               {"ina260": ("som_5v",), "pynq": ("*ina260*",), "csv": ALL, "replay": ALL, "estimate": ALL}),
+    PowerBoard("zcu104", "pynq", "the programmable-logic rails (VCCINT, VCCBRAM, VCCAUX, MGT...)",
+               {"pynq": ZYNQMP_PL_RAILS, "csv": ALL, "replay": ALL, "estimate": ("pl",)}),
+    PowerBoard("u55c", "xrt", "the card (XRT power_consumption_watts)",
+               {"xrt": ("card",), "csv": ALL, "replay": ALL, "estimate": ALL}),
+)}
+
+#: Board used when none is named (:data:`hw.boards.facts.DEFAULT_BOARD`).
+DEFAULT_BOARD = DEFAULT_FACTS_BOARD
 
 
 def get_board(key: str) -> PowerBoard:

@@ -17,7 +17,7 @@ For one token with device counters (``hw_*``, :class:`hw.isa.Counter`) on a buil
     P_rest    = P_idle_total - P_pl_static                                     (constant)
 
 Rails ``pl``, ``mem`` and ``rest`` sum to the board's default measured rail set (the SOM input on the
-KV260, the board input on the PYNQ-Z2 and ULX3S, the card on the Alveo); the ZCU104's default budget
+KV260, the board input on the PYNQ-Z2 and the ECP5 boards, the card on the Alveo); the ZCU104's default budget
 rail set, its PL rails, is ``pl`` alone. While the accelerator waits, ``pl`` and ``rest`` stay at their
 static values and ``mem`` is zero.
 
@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from host.power.base import SensorError
 from host.power.boards import PowerBoard, get_board
 from host.power.model import ModelSource
+from hw.boards.facts import BOARDS as FACTS
 
 __all__ = ["ANCHORS", "FAMILIES", "IDLE", "MEMORIES", "Constant", "EstimateSource", "Family", "OpEnergies",
            "constants_table", "op_energies"]
@@ -138,24 +139,12 @@ MEMORIES: dict[str, Constant] = {
                       "the DRAM figure of Horowitz (ISSCC 2014) scaled by (3.3 V SDR SDRAM I/O / 1.5 V DDR3)^2"),
 }
 
-_IDLE_BASIS = ("engineering assumption, not a measurement: a placeholder for the board at rest with Linux "
-               "running and the bitstream loaded; replace it with a measured idle (static_w, --static-w)")
-
-#: Idle draw of each board's default measured rail set (total) and the FPGA's static share of it (pl).
+#: Idle draw of each board's default measured rail set (total) and the FPGA's static share of it (pl), from the
+#: one table of board facts (:attr:`hw.boards.facts.BoardFacts.idle`).
 IDLE: dict[str, dict[str, Constant]] = {
-    "pynq-z2": {"total": Constant(2.5, "W", "assumption", "PYNQ-Z2 board input at 12 V; " + _IDLE_BASIS),
-                "pl": Constant(0.12, "W", "assumption", "XC7Z020 PL static near 25 C; " + _IDLE_BASIS)},
-    "kv260": {"total": Constant(3.5, "W", "assumption", "K26 SOM 5 V input (VCC_SOM); " + _IDLE_BASIS),
-              "pl": Constant(0.35, "W", "assumption", "K26 (XCK26) PL static near 25 C; " + _IDLE_BASIS)},
-    "zcu104": {"total": Constant(14.0, "W", "assumption",
-                                 "ZCU104 12 V input; docs/ARCHITECTURE.md section 4: it idles near 14 W; "
-                                 + _IDLE_BASIS),
-               "pl": Constant(0.9, "W", "assumption", "XCZU7EV PL rails at idle; " + _IDLE_BASIS)},
-    "u55c": {"total": Constant(25.0, "W", "assumption", "Alveo U55C card with its shell loaded; " + _IDLE_BASIS),
-             "pl": Constant(8.0, "W", "assumption", "XCU55C static near 40 C; " + _IDLE_BASIS)},
-    "ulx3s-85f": {"total": Constant(0.6, "W", "assumption", "ULX3S-85F board input; " + _IDLE_BASIS),
-                  "pl": Constant(0.08, "W", "assumption", "LFE5U-85F static near 25 C; " + _IDLE_BASIS)},
-}
+    key: {"total": Constant(f.idle.total_w, "W", f.idle.status, f.idle.total_source),
+          "pl": Constant(f.idle.pl_w, "W", f.idle.status, f.idle.pl_source)}
+    for key, f in FACTS.items()}
 
 _OPS_BASIS = {
     "trit": "assumption: decoding a trit from the gearbox and selecting +q, -q or 0 switches about as much as one "

@@ -58,8 +58,9 @@ def make_source(spec: str, board: PowerBoard, *, device: Any = None, i2c_bus: in
         See :func:`parse_spec`.
     board : PowerBoard
     device : host.devices.Device, optional
-        For the estimate: its build (``device.build``: ``fmax_mhz``, ``bus_bits``) sets the clock and the
-        beat width; without one, the board's clock and 64-bit beats.
+        For the estimate: its build (``device.build``: ``fmax_mhz``, ``bus_bits``) sets the clock (at most the
+        board's design clock) and the beat width; without one, the board's design point
+        (:attr:`hw.boards.facts.BoardFacts.design`) does.
     i2c_bus, i2c_address, i2c_force
         For ``ina260``.
     xrt_device
@@ -73,15 +74,12 @@ def make_source(spec: str, board: PowerBoard, *, device: Any = None, i2c_bus: in
     """
     name, arg = parse_spec(spec)
     if name == "estimate":
-        from host.perf import BOARDS as PERF_BOARDS
         from host.power.estimate import EstimateSource
 
         build = getattr(device, "build", None)
-        board_fmax = PERF_BOARDS[board.key].fmax_mhz if board.key in PERF_BOARDS else None
-        fmax = getattr(build, "fmax_mhz", None) or board_fmax or 100.0
-        if board_fmax:
-            fmax = min(fmax, board_fmax)
-        return EstimateSource(board, fmax_mhz=float(fmax), bus_bits=int(getattr(build, "bus_bits", 64)),
+        design = board.facts.design
+        fmax = min(getattr(build, "fmax_mhz", None) or design.fmax_mhz, design.fmax_mhz)
+        return EstimateSource(board, fmax_mhz=float(fmax), bus_bits=int(getattr(build, "bus_bits", design.bus_bits)),
                               static_w=static_w)
     if name == "pynq":
         from host.power.pynq_rails import PynqRailsSource

@@ -29,6 +29,8 @@ from amaranth.lib import fifo
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import connect
 
+from hw.boards.facts import BOARDS as FACTS
+from hw.boards.facts import BoardFacts
 from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "LinkedCore", "pll_config", "build", "sweep", "publish",
@@ -46,14 +48,15 @@ DEFAULT_PARAMS = {"lanes": 32, "channels": 1, "bus_bits": 64, "quant_lanes": 8, 
 
 @dataclass(frozen=True)
 class BoardInfo:
-    """An ECP5 board: its amaranth-boards platform, oscillator and serial bridge.
+    """An ECP5 board: its amaranth-boards platform, oscillator and serial bridge (the facts other modules share,
+    its part and design point, are in :data:`hw.boards.facts.BOARDS`).
 
     Attributes
     ----------
+    key : str
+        The board's key in :data:`hw.boards.facts.BOARDS`.
     platform : str
         ``module:class`` of the amaranth-boards platform.
-    device : str
-        FPGA part, for the report.
     clk_hz : float
         Oscillator frequency.
     uart : str
@@ -64,18 +67,28 @@ class BoardInfo:
         How to load the bitstream (SRAM).
     """
 
+    key: str
     platform: str
-    device: str
     clk_hz: float
     uart: str
     max_baud: int
     program: str
 
+    @property
+    def facts(self) -> BoardFacts:
+        """The board's entry of :data:`hw.boards.facts.BOARDS`."""
+        return FACTS[self.key]
+
+    @property
+    def device(self) -> str:
+        """FPGA part, for the report (:attr:`hw.boards.facts.BoardFacts.part`)."""
+        return self.facts.part
+
 
 BOARDS: dict[str, BoardInfo] = {
-    "ulx3s-85f": BoardInfo("amaranth_boards.ulx3s:ULX3S_85F_Platform", "LFE5U-85F-6BG381C", 25e6, "FT231X",
+    "ulx3s-85f": BoardInfo("ulx3s-85f", "amaranth_boards.ulx3s:ULX3S_85F_Platform", 25e6, "FT231X",
                            3_000_000, "openFPGALoader --board ulx3s {bit}   (or: fujprog {bit})"),
-    "ecpix5-85f": BoardInfo("amaranth_boards.ecpix5:ECPIX585Platform", "LFE5UM5G-85F-8BG554I", 100e6,
+    "ecpix5-85f": BoardInfo("ecpix5-85f", "amaranth_boards.ecpix5:ECPIX585Platform", 100e6,
                             "FT2232H", 12_000_000, "openFPGALoader --board ecpix5 {bit}"),
 }
 
@@ -585,15 +598,14 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
     return results
 
 
-#: The configuration each board builds by default (``make bitstream BOARD=...``): 4 quantize lanes, the link at
-#: 2 Mbaud (the core clock divided by a whole number) and nextpnr's default router1 (bitstreams/README.md). On the
-#: ECPIX-5, the sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after
-#: routing; 70, 80 and 90 MHz closed too); more than 40 lanes would gain nothing, as the
-#: one 64-bit weight channel carries 40 trits a beat. On the ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's
-#: static placer (57.07 MHz after routing; heap's placements of the core before LinkedCore did not route in a
-#: session there, and heap has not been tried since).
+#: The configuration each board builds by default (``make bitstream BOARD=...``): the board's design point of
+#: :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock), the link at 2 Mbaud (the core clock divided by a
+#: whole number) and nextpnr's default router1 (bitstreams/README.md). On the ECPIX-5, the sweep's choice
+#: (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after routing; 70, 80 and 90 MHz closed
+#: too); more than 40 lanes would gain nothing, as the one 64-bit weight channel carries 40 trits a beat. On the
+#: ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's static placer (57.07 MHz after routing; heap's placements of
+#: the core before LinkedCore did not route in a session there, and heap has not been tried since).
 CHOSEN: dict[str, dict] = {
-    "ecpix5-85f": {"lanes": 32, "quant_lanes": 4, "freq_mhz": 100.0, "baud": 2_000_000, "router": "router1"},
-    "ulx3s-85f": {"lanes": 16, "quant_lanes": 4, "freq_mhz": 50.0, "baud": 2_000_000, "router": "router1",
-                  "placer": "static"},
-}
+    key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
+          "freq_mhz": FACTS[key].design.fmax_mhz, "baud": 2_000_000, "router": "router1", **extra}
+    for key, extra in (("ecpix5-85f", {}), ("ulx3s-85f", {"placer": "static"}))}

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hw.boards.facts import BOARDS as FACTS
+from hw.boards.facts import BoardFacts
 from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "EXIT_NO_TOOL", "XilinxBoard", "build", "estimate", "generate", "core_params",
@@ -61,56 +63,90 @@ REPO = Path(__file__).resolve().parents[2]
 EXIT_NO_TOOL = 3
 
 
+#: The flow's name for a family of :data:`hw.boards.facts.BOARDS` (``params.json``'s ``family``) and Yosys's
+#: ``synth_xilinx -family`` for it.
+_FLOW_FAMILY = {"zynq7": ("zynq", "xc7"), "zynqmp": ("zynqmp", "xcup"), "alveo-hbm": ("alveo", "xcup")}
+
+
 @dataclass(frozen=True)
 class XilinxBoard:
-    """One Xilinx target.
+    """One Xilinx target: what only its flow needs. The facts other modules share (title, part, family, memory
+    ports, the design point the flow builds) are in :data:`hw.boards.facts.BOARDS`, read through the properties.
 
     Attributes
     ----------
-    name, title : str
-        Registry name (``bitstreams/<name>/``) and a readable title.
-    part : str
-        The FPGA part.
-    family : str
-        ``"zynq"`` (Zynq-7000), ``"zynqmp"`` (Zynq UltraScale+) or ``"alveo"``.
-    yosys_family : str
-        ``synth_xilinx -family`` for the estimate (``xc7`` or ``xcup``).
+    name : str
+        Registry name (``bitstreams/<name>/``), a key of :data:`hw.boards.facts.BOARDS`.
     board_part : str
         Vivado board part (its board files must be installed; empty for Alveo).
     vivado : str
         The Vivado/Vitis version the flow targets.
     image : str
         The board software it matches (PYNQ image or XRT platform).
-    fclk_mhz : float
-        Target clock of the core (the PL clock, or the kernel clock on Alveo).
-    hp_bits : int
-        Width of one high-performance PS port (or HBM AXI port) in bits.
-    hp_ports : int
-        High-performance ports (HBM pseudo-channels used on Alveo) the weight channels are spread over.
-    core : dict
-        :class:`hw.top.Accelerator` parameters of the build.
+    limits : dict
+        :class:`hw.top.Accelerator` buffer sizes of the build (``max_hidden``, ``max_intermediate``,
+        ``max_layers``); the rest of :attr:`core` is the design point.
     capacity : dict
         The part's LUTs, FFs, BRAM36, URAM and DSPs (the vendors' product tables), for percentages.
-    dram_gb, dma_mb : float
-        Board DRAM in GB and the contiguous memory the board's software gives DMA buffers, in MB (PYNQ's
-        CMA pool; on Alveo the HBM, 16 GB).
+    dma_mb : float
+        The contiguous memory the board's software gives DMA buffers, in MB (PYNQ's CMA pool; on Alveo the
+        HBM, 16 GB).
     """
 
     name: str
-    title: str
-    part: str
-    family: str
-    yosys_family: str
     board_part: str
     vivado: str
     image: str
-    fclk_mhz: float
-    hp_bits: int
-    hp_ports: int
-    core: dict = field(default_factory=dict)
+    limits: dict = field(default_factory=dict)
     capacity: dict = field(default_factory=dict)
-    dram_gb: float = 0.0
     dma_mb: float = 0.0
+
+    @property
+    def facts(self) -> BoardFacts:
+        """The board's entry of :data:`hw.boards.facts.BOARDS`."""
+        return FACTS[self.name]
+
+    @property
+    def title(self) -> str:
+        return self.facts.title
+
+    @property
+    def part(self) -> str:
+        """The FPGA part."""
+        return self.facts.part
+
+    @property
+    def family(self) -> str:
+        """``"zynq"`` (Zynq-7000), ``"zynqmp"`` (Zynq UltraScale+) or ``"alveo"``."""
+        return _FLOW_FAMILY[self.facts.family][0]
+
+    @property
+    def yosys_family(self) -> str:
+        """``synth_xilinx -family`` for the estimate (``xc7`` or ``xcup``)."""
+        return _FLOW_FAMILY[self.facts.family][1]
+
+    @property
+    def fclk_mhz(self) -> float:
+        """Target clock of the core (the PL clock, or the kernel clock on Alveo): the design point's."""
+        return self.facts.design.fmax_mhz
+
+    @property
+    def hp_bits(self) -> int:
+        """Width of one high-performance PS port (or HBM AXI port) in bits."""
+        return self.facts.port_bits
+
+    @property
+    def hp_ports(self) -> int:
+        """High-performance ports (HBM pseudo-channels on Alveo) the weight channels are spread over: one per
+        channel of the design point."""
+        return self.facts.design.channels
+
+    @property
+    def core(self) -> dict:
+        """:class:`hw.top.Accelerator` parameters of the build: the design point, base-3 packing, :attr:`limits`."""
+        d = self.facts.design
+        return {"lanes": d.lanes, "channels": d.channels, "bus_bits": d.bus_bits, "quant_lanes": d.quant_lanes,
+                "packing": 0, **self.limits}
 
 
 # 370M shape: hidden 1024, intermediate 2816, 24 layers (max_layers a power of two, hw/top.py's state banks)
@@ -120,25 +156,17 @@ _CAP_2B7 = {"max_hidden": 2560, "max_intermediate": 6912, "max_layers": 32}
 
 BOARDS: dict[str, XilinxBoard] = {
     "pynq-z2": XilinxBoard(
-        "pynq-z2", "TUL PYNQ-Z2 (Zynq-7020)", "xc7z020clg400-1", "zynq", "xc7", "tul.com.tw:pynq-z2:part0:1.0",
-        "2022.1", "PYNQ 3.0.1 SD image (pynq-z2)", 100.0, 64, 2,
-        {"lanes": 64, "channels": 2, "bus_bits": 64, "quant_lanes": 8, "packing": 0, **_CAP_370M},
-        {"lut": 53200, "ff": 106400, "bram36": 140, "uram": 0, "dsp": 220}, 0.5, 128.0),
+        "pynq-z2", "tul.com.tw:pynq-z2:part0:1.0", "2022.1", "PYNQ 3.0.1 SD image (pynq-z2)", _CAP_370M,
+        {"lut": 53200, "ff": 106400, "bram36": 140, "uram": 0, "dsp": 220}, 128.0),
     "kv260": XilinxBoard(
-        "kv260", "AMD Kria KV260 (K26 SOM, Zynq UltraScale+)", "xck26-sfvc784-2LV-c", "zynqmp", "xcup",
-        "xilinx.com:kv260_som:part0:1.3", "2022.1", "Kria-PYNQ 3.0.1 on Ubuntu 22.04 (kv260)", 200.0, 128, 4,
-        {"lanes": 256, "channels": 4, "bus_bits": 128, "quant_lanes": 16, "packing": 0, **_CAP_370M},
-        {"lut": 117120, "ff": 234240, "bram36": 144, "uram": 64, "dsp": 1248}, 4.0, 1024.0),
+        "kv260", "xilinx.com:kv260_som:part0:1.3", "2022.1", "Kria-PYNQ 3.0.1 on Ubuntu 22.04 (kv260)", _CAP_370M,
+        {"lut": 117120, "ff": 234240, "bram36": 144, "uram": 64, "dsp": 1248}, 1024.0),
     "zcu104": XilinxBoard(
-        "zcu104", "AMD ZCU104 (XCZU7EV, Zynq UltraScale+)", "xczu7ev-ffvc1156-2-e", "zynqmp", "xcup",
-        "xilinx.com:zcu104:part0:1.1", "2022.1", "PYNQ 3.0.1 SD image (zcu104)", 200.0, 128, 4,
-        {"lanes": 256, "channels": 4, "bus_bits": 128, "quant_lanes": 16, "packing": 0, **_CAP_370M},
-        {"lut": 230400, "ff": 460800, "bram36": 312, "uram": 96, "dsp": 1728}, 2.0, 512.0),
+        "zcu104", "xilinx.com:zcu104:part0:1.1", "2022.1", "PYNQ 3.0.1 SD image (zcu104)", _CAP_370M,
+        {"lut": 230400, "ff": 460800, "bram36": 312, "uram": 96, "dsp": 1728}, 512.0),
     "u55c": XilinxBoard(
-        "u55c", "AMD Alveo U55C (HBM2)", "xcu55c-fsvh2892-2L-e", "alveo", "xcup", "", "2022.1",
-        "XRT 2022.1, platform xilinx_u55c_gen3x16_xdma_3_202210_1", 250.0, 256, 4,
-        {"lanes": 256, "channels": 4, "bus_bits": 256, "quant_lanes": 16, "packing": 0, **_CAP_2B7},
-        {"lut": 1303680, "ff": 2607360, "bram36": 2016, "uram": 960, "dsp": 9024}, 16.0, 16384.0),
+        "u55c", "", "2022.1", "XRT 2022.1, platform xilinx_u55c_gen3x16_xdma_3_202210_1", _CAP_2B7,
+        {"lut": 1303680, "ff": 2607360, "bram36": 2016, "uram": 960, "dsp": 9024}, 16384.0),
 }
 
 U55C_PLATFORM = "xilinx_u55c_gen3x16_xdma_3_202210_1"
