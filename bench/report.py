@@ -14,9 +14,11 @@ fill it):
 * ``bench/results/cpu.json``    golden vs reference vs PyTorch on this CPU (``bench/bench_cpu.py``): MEASURED
 * ``bench/results/golden.json`` golden device speed incl. the 370M shape (``bench/bench_golden.py``): MEASURED
 
-and computes the PROJECTED per-board decode rates from the cycle model, the clock (a measured Fmax
-where a board report has one, else the target clock of ``host.perf.BOARDS``), the roofline of
-docs/ARCHITECTURE.md section 4 and the activity power estimate of :mod:`host.power.estimate`.
+and computes the PROJECTED per-board decode rates at each board's design point (lanes, channels, bus width and
+clock of :data:`hw.boards.facts.BOARDS`, the build its flow or bitstream builds) from the cycle model
+(:func:`host.perf.token_prediction` on the shapes of ``perf.json``), the roofline of docs/ARCHITECTURE.md
+section 4 (the table's peak bandwidths) and the activity power estimate of :mod:`host.power.estimate` (the
+table's idle draw).
 
 The output is a pure function of those files and the code (no timestamps, no machine state), so
 ``python -m bench.report`` run twice gives the same bytes; ``--check`` exits 1 when the committed
@@ -32,10 +34,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 from pathlib import Path
+
+from hw.boards.facts import BOARDS as FACTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,15 +49,10 @@ DOC = REPO / "docs" / "PERFORMANCE.md"
 FIG_DIR = REPO / "docs" / "perf"
 BITSTREAMS = REPO / "bitstreams"
 
-#: the boards of docs/ARCHITECTURE.md section 4 (keys of host.perf.BOARDS), in table order
-BOARD_ORDER = ("ulx3s-85f", "pynq-z2", "kv260", "zcu104", "u55c")
-#: the build each board is projected with when its report.json names none found in perf.json:
-#: (lanes, channels, bus_bits); a design point of docs/ARCHITECTURE.md section 4, not a fitted build
-DESIGN_POINTS = {"ulx3s-85f": (64, 1, 64), "pynq-z2": (64, 1, 64), "kv260": (256, 4, 128),
-                 "zcu104": (256, 4, 128), "u55c": (512, 4, 128)}
+#: the boards of docs/ARCHITECTURE.md section 4 (keys of hw.boards.facts.BOARDS, the one table of board facts),
+#: in table order; each is projected at its design point (the build its flow or bitstream builds)
+BOARD_ORDER = tuple(FACTS)
 MODEL_SHAPES = ("370M", "1.3B", "2.7B")
-#: builds shown in the per-layer table (the design points; perf.json holds more)
-LAYER_BUILDS = sorted(set(DESIGN_POINTS.values()))
 #: share of non-zero trits assumed by the energy projection (uniform trits; trained models differ)
 NONZERO_SHARE = 2 / 3
 
@@ -190,14 +190,6 @@ def rev_synth(d: dict) -> str:
     return str(first.get("git", "—"))[:10] + ("-dirty" if "dirty" in str(first.get("git", "")) else "")
 
 
-def _find_pred(perf: dict, model: str, packing: str, lanes: int, channels: int, bus_bits: int, schedule: str):
-    for r in perf.get("predictions", {}).get(model, []):
-        if (r["packing"], r["lanes"], r["channels"], r["bus_bits"], r["schedule"]) == (
-                packing, lanes, channels, bus_bits, schedule):
-            return r
-    return None
-
-
 def _rtl_entries(rtl: dict) -> list[tuple[str, dict]]:
     """Every (label, entry) in rtl.json that carries RTL cycles per token (``cycles_per_token.hw``)."""
     out = []
@@ -247,8 +239,10 @@ def cycles_section(data: dict) -> str:
                  "(headers and constants prefetched); "
                  "`proposed` adds the schedule changes of docs/PERFORMANCE_MODEL.md (not in the RTL).\n")
     parts.append("### One layer of the 370M / 1.3B / 2.7B shapes (1.6-bit packing)\n")
-    parts.append("A middle layer (all seven GEMVs of one block), for the builds of the per-board projections below; "
-                 "`bench/results/perf.json` holds the whole sweep and the whole-token figures.\n")
+    parts.append("A middle layer (all seven GEMVs of one block), at the boards' design points "
+                 "(`hw/boards/facts.py`, the builds of the per-board projections below; the cycle model "
+                 "`host.perf.token_prediction` on the shapes of `bench/results/perf.json`, which holds the whole "
+                 "sweep of other builds and the whole-token figures).\n")
     rows = []
     layer370 = data.get("rtl_layer370m")
     for model in MODEL_SHAPES:
@@ -265,13 +259,12 @@ def cycles_section(data: dict) -> str:
         if perf is None:
             rows.append([model, "cycle model", "—", missing("perf"), "—", "—", "model"])
             continue
-        for r in perf["predictions"].get(model, []):
-            if r["packing"] != "1.6-bit" or (r["lanes"], r["channels"], r["bus_bits"]) not in LAYER_BUILDS:
-                continue
-            lay = r["layer"]
-            rows.append([model, f"cycle model, {r['schedule']}",
-                         f"{r['lanes']} lanes, {r['channels']} ch x {r['bus_bits']} bit", fmt(int(lay["cycles"])),
-                         pct(lay["stream_efficiency"]), lay["binding"], "model"])
+        shape = _shape(perf, model)
+        for design, boards in _designs().items():
+            for schedule in ("default", "proposed"):
+                lay = design_prediction(shape, design, schedule)["layer"]
+                rows.append([model, f"cycle model, {schedule} ({', '.join(boards)})", _build_text(design),
+                             fmt(int(lay["cycles"])), pct(lay["stream_efficiency"]), lay["binding"], "model"])
     parts.append(table(["shape", "source", "build", "cycles/layer", "stream efficiency", "binds", "status"], rows))
     return "\n".join(parts)
 
@@ -339,15 +332,51 @@ def boards_section(data: dict) -> str:
     return "\n".join(out)
 
 
+_PACKINGS = {"1.6-bit": "BASE3", "2-bit": "BITS2"}
+
+
+def _shape(perf: dict, model: str) -> tuple[int, int, int, int]:
+    """``(hidden, intermediate, layers, vocab)`` of a model shape of ``perf.json``."""
+    sh = perf["images"][model]["shape"]
+    return (sh["hidden"], sh["intermediate"], sh["layers"], sh["vocab"])
+
+
+def _build_text(design) -> str:
+    return (f"{design.lanes} lanes, {design.channels} ch x {design.bus_bits} bit, q{design.quant_lanes}"
+            + (", folded epilogue" if design.epilogue_folded else ""))
+
+
+def _designs() -> dict:
+    """Each distinct design point of :data:`hw.boards.facts.BOARDS` and the boards that build it."""
+    out: dict = {}
+    for key, f in FACTS.items():
+        out.setdefault(f.design, []).append(key)
+    return out
+
+
+@functools.cache
+def design_prediction(shape: tuple, design, schedule: str, packing: str = "1.6-bit") -> dict:
+    """:func:`host.perf.token_prediction` of a model shape at a board's design point (``schedule`` ``"default"``:
+    as built; ``"proposed"``: every schedule option of :meth:`host.perf.BuildParams.overlapped` on)."""
+    from host.perf import BuildParams, program_shapes, token_prediction
+    from hw.isa import TritPacking
+
+    kw = design.build_params()
+    build = BuildParams(**kw) if schedule == "default" else BuildParams.overlapped(**kw)
+    prog = program_shapes(*shape, packing=TritPacking[_PACKINGS[packing]], channels=design.channels)
+    return token_prediction(prog, build)
+
+
 def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[dict]:
-    """Projected decode rate and energy per board (PROJECTED: cycle model x clock x roofline x power estimate)."""
+    """Projected decode rate and energy per board (PROJECTED: cycle model x clock x roofline x power estimate), each
+    board at its design point (:data:`hw.boards.facts.BOARDS`: build and clock) with its peak bandwidths and idle."""
+    from host.perf import BuildParams, roofline
     from host.power.estimate import IDLE, EstimateSource
 
     perf = data.get("perf")
     if perf is None:
         return []
     out = []
-    pboards = perf.get("boards", {})
     # RTL cycles / model cycles of the shipped model per build: the model's error where the RTL was run
     rtl_ratios = {}
     if data.get("rtl"):
@@ -355,60 +384,57 @@ def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[d
             bb, cpt = e.get("build", {}), e["cycles_per_token"]
             if cpt.get("model"):
                 rtl_ratios[(bb.get("lanes"), bb.get("channels"), bb.get("bus_bits"))] = cpt["hw"] / cpt["model"]
+    shape = _shape(perf, model)
+    h, i, layers, v = shape
     for b in BOARD_ORDER:
-        pb = pboards.get(b)
-        if pb is None:
-            continue
+        facts = FACTS[b]
+        design = facts.design
         rep = data["boards"].get(b) or {}
         core = rep.get("core") or rep.get("params") or {}
-        build = (rep.get("lanes", core.get("lanes")), rep.get("channels", core.get("channels")),
+        built = (rep.get("lanes", core.get("lanes")), rep.get("channels", core.get("channels")),
                  rep.get("bus_bits", core.get("bus_bits")))
-        source = f"`bitstreams/{b}/report.json` build"
-        if None in build or _find_pred(perf, model, packing, *build, "default") is None:
-            if rep and None not in build:
-                source = f"design point (the board's build {build[0]}x{build[1]}x{build[2]} is not in perf.json)"
-            else:
-                source = "design point (DESIGN.md section 4)"
-            build = DESIGN_POINTS[b]
-        own_build = source.startswith("`bitstreams/")    # a measured Fmax belongs to its own build only
-        fmax_meas = rep.get("fmax_mhz") if rep.get("timing_met") and own_build else None
-        fmax = float(fmax_meas) if fmax_meas else float(pb["fmax_mhz"])
-        fstat = "measured Fmax" if fmax_meas else "target clock (assumed)"
+        if not rep:
+            source = "design point (`hw/boards/facts.py`; no board report)"
+        elif built == design.triple:
+            source = f"design point (`hw/boards/facts.py`) = `bitstreams/{b}/report.json` build"
+        else:
+            source = (f"design point (`hw/boards/facts.py`); `bitstreams/{b}/report.json` holds another build "
+                      f"({built[0]}x{built[1]}x{built[2]})")
+        fmax = design.fmax_mhz
+        measured = rep.get("fmax_mhz") if rep.get("timing_met") and built == design.triple else None
+        fstat = (f"design clock; {fmt(float(measured))} MHz after routing" if measured
+                 else "design clock (target, not yet timed)")
         for schedule in ("default", "proposed"):
-            r = _find_pred(perf, model, packing, *build, schedule)
-            if r is None:
-                continue
-            lanes, channels, bus_bits = build
+            r = design_prediction(shape, design, schedule, packing)
+            cycles = r["cycles"]
             img, trits = r["image_bytes"], r["trits"]
-            rates = {"dram": pb["dram_gbs"] * 1e9 / img,
-                     "ports": min(channels, pb["ports"]) * pb["port_gbs"] * 1e9 / img,
-                     "channels": channels * bus_bits / 8 * fmax * 1e6 / img,
-                     "lanes": lanes * fmax * 1e6 / trits}
-            binding = min(rates, key=rates.get)
-            cycles_rate = fmax * 1e6 / r["cycles_per_token"]
+            rl = roofline(img, trits, BuildParams(**design.build_params()), facts)
+            rates = {k: rl[k] for k in ("dram", "ports", "channels", "lanes")}
+            cycles_rate = fmax * 1e6 / cycles
             tok_s = min(cycles_rate, rates["dram"], rates["ports"])
             limited = "cycles" if tok_s == cycles_rate else ("dram" if tok_s == rates["dram"] else "ports")
-            h, i, layers, v = (perf["images"][model]["shape"][k] for k in ("hidden", "intermediate", "layers", "vocab"))
-            activity = {"hw_cycles": r["cycles_per_token"], "hw_trits": trits,
+            activity = {"hw_cycles": cycles, "hw_trits": trits,
                         "hw_nonzero_trits": int(round(trits * NONZERO_SHARE)),
                         "hw_epilogue_elements": layers * (5 * h + 2 * i) + v + h,
-                        "hw_stream_beats": int(math.ceil(img / (bus_bits / 8)))}
-            src = EstimateSource(b, fmax_mhz=fmax, bus_bits=bus_bits)
+                        "hw_stream_beats": int(math.ceil(img / (design.bus_bits / 8)))}
+            src = EstimateSource(b, fmax_mhz=fmax, bus_bits=design.bus_bits)
             _, energy = src.token_energy(activity)
             e_dyn = energy["pl"] + energy["mem"]
             idle_w = IDLE[b]["total"].value
             duration = 1.0 / tok_s
             j_total = idle_w * duration + e_dyn
-            ratio = rtl_ratios.get((lanes, channels, bus_bits))
-            out.append({"board": b, "title": perf["boards"][b]["name"], "model": model, "packing": packing,
+            ratio = rtl_ratios.get(design.triple)
+            out.append({"board": b, "title": facts.title, "model": model, "packing": packing,
                         "rtl_over_model": ratio,
                         "tokens_per_s_rtl_corrected": (min(cycles_rate / ratio, rates["dram"], rates["ports"])
                                                        if ratio and schedule == "default" else None),
-                        "schedule": schedule, "build": build, "build_source": source, "fmax_mhz": fmax,
-                        "fmax_status": fstat, "cycles_per_token": r["cycles_per_token"],
+                        "schedule": schedule, "build": design.triple, "quant_lanes": design.quant_lanes,
+                        "epilogue_folded": design.epilogue_folded, "build_source": source, "fmax_mhz": fmax,
+                        "fmax_status": fstat, "cycles_per_token": cycles,
                         "stream_efficiency": r["stream_efficiency"], "roofline": rates,
-                        "roofline_bound": rates[binding], "roofline_binding": binding, "tokens_per_s": tok_s,
-                        "limited_by": limited, "idle_w": idle_w, "power_w": idle_w + e_dyn / duration,
+                        "roofline_bound": rl["bound"], "roofline_binding": rl["binding"], "tokens_per_s": tok_s,
+                        "limited_by": limited, "fits_dram": img <= facts.dram_mb * 2**20, "idle_w": idle_w,
+                        "power_w": idle_w + e_dyn / duration,
                         "j_per_token": j_total, "j_per_token_above_idle": e_dyn, "tokens_per_j": 1.0 / j_total,
                         "tokens_per_j_above_idle": 1.0 / e_dyn if e_dyn > 0 else None})
     return out
@@ -422,7 +448,8 @@ def projection_section(data: dict, proj: list[dict]) -> str:
         lanes, ch, bus = p["build"]
         rl = p["roofline"]
         rows.append([p["title"], p["schedule"], f"{lanes}x{ch}x{bus}", f"{fmt(p['fmax_mhz'])} ({p['fmax_status']})",
-                     fmt(p["cycles_per_token"]), fmt(p["tokens_per_s"]) + f" ({p['limited_by']})",
+                     fmt(p["cycles_per_token"]), fmt(p["tokens_per_s"]) + f" ({p['limited_by']})"
+                     + ("" if p["fits_dram"] else "; the image does not fit the board's DRAM"),
                      f"{fmt(p['roofline_bound'])} ({p['roofline_binding']})",
                      " / ".join(fmt(rl[k]) for k in ("dram", "ports", "channels", "lanes")),
                      fmt(p["power_w"]), fmt(p["tokens_per_j"]), fmt(p["tokens_per_j_above_idle"]),
@@ -433,9 +460,10 @@ def projection_section(data: dict, proj: list[dict]) -> str:
                "power W (estimate)", "tokens/J", "tokens/J above idle",
                "tokens/s with the RTL/model cycle ratio (shipped model, same build)"], rows)
     notes = ("\n\nAll numbers in this table are PROJECTED: the cycle model's cycles per token "
-             "(`bench/results/perf.json`; the RTL matches it within the differences listed above for the "
-             "shipped model), at the clock shown, capped by DRAM and port bandwidth "
-             "(`host.perf.BOARDS`, vendor peaks); power is the activity ESTIMATE of `host/power/estimate.py` "
+             "(`host.perf.token_prediction` at each board's design point; the RTL matches the model within the "
+             "differences listed above for the shipped model), at the design clock (the clock the build targets: "
+             "the PLL's on the ECP5 boards, whatever margin routing left), capped by DRAM and port bandwidth "
+             "(`hw/boards/facts.py`, vendor peaks); power is the activity ESTIMATE of `host/power/estimate.py` "
              f"with its ASSUMED idle draw per board and {NONZERO_SHARE:.2f} of trits non-zero. Build source per "
              "board: " + "; ".join(sorted({f"{p['board']}: {p['build_source']}" for p in proj})) + ". "
              "No FPGA decode of the 370M model has been run.\n")
@@ -589,7 +617,7 @@ def summary_section(data: dict, proj: list[dict]) -> str:
             lanes, ch, bus = p["build"]
             rows.append([f"370M decode, {p['title']} ({lanes}x{ch}x{bus}, {p['fmax_mhz']:g} MHz)",
                          f"{fmt(p['tokens_per_s'])} tokens/s", f"{fmt(p['tokens_per_j'])} tokens/J", "projected",
-                         "`bench/results/perf.json` + power estimate"])
+                         "`hw/boards/facts.py` design point, `host.perf` + power estimate"])
     g = data.get("gpu")
     if g is None:
         rows.append(["370M decode, H200 (PyTorch)", missing("gpu"), "—", "measured", "—"])

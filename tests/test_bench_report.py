@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import report as bench_report
+from hw.boards.facts import BOARDS as FACTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,21 +104,42 @@ def test_measured_fmax_and_rtl_rows_are_used(report, tmp_path):
     assert "not measured (vendor tool not run here)" in text
     proj = {(p["board"], p["schedule"]): p for p in report.project(data)}
     p = proj[("ulx3s-85f", "default")]
-    assert p["fmax_mhz"] == 71.5 and p["fmax_status"] == "measured Fmax"
-    assert "design point" in proj[("pynq-z2", "default")]["build_source"]  # 64x2x64 is not in perf.json
+    # a board report of another build does not move the board off its design point, nor lend it its Fmax
+    assert p["build"] == FACTS["ulx3s-85f"].design.triple and p["fmax_mhz"] == FACTS["ulx3s-85f"].fmax_mhz
+    assert "holds another build (64x1x64)" in p["build_source"] and "after routing" not in p["fmax_status"]
+    assert "= `bitstreams/pynq-z2/report.json` build" in proj[("pynq-z2", "default")]["build_source"]
 
 
-def test_a_design_point_does_not_borrow_another_builds_fmax(report, tmp_path):
-    """A board whose build is not in perf.json is projected at its design point's assumed clock, not at the
-    measured Fmax of its (different) build."""
+def test_a_built_board_runs_at_its_design_clock(report, tmp_path):
+    """A bitstream runs at the clock its PLL makes (the design point's), not at the Fmax routing achieved: the
+    measured Fmax is shown beside the design clock, never used as the clock."""
     boards = {"ulx3s-85f": {"board": "ulx3s-85f", "status": "built", "target_mhz": 50.0, "fmax_mhz": 57.07,
                             "timing_met": True, "lanes": 16, "channels": 1, "bus_bits": 64,
                             "utilisation": {"TRELLIS_COMB": {"used": 30000, "available": 83640}},
                             "git_revision": "0123456789abcdef", "command": "python -m hw.boards ulx3s-85f"}}
     data = report.load_inputs(_tree(tmp_path, {"perf"}, boards))
     p = {(q["board"], q["schedule"]): q for q in report.project(data)}[("ulx3s-85f", "default")]
-    assert "design point" in p["build_source"]
-    assert p["fmax_mhz"] != 57.07 and p["fmax_status"] == "target clock (assumed)"
+    assert "= `bitstreams/ulx3s-85f/report.json` build" in p["build_source"]
+    assert p["fmax_mhz"] == 50.0 and p["fmax_status"] == "design clock; 57.1 MHz after routing"
+    assert not p["fits_dram"]     # 70 MB of 370M image, 32 MB of SDRAM
+
+
+def test_report_rows_are_the_board_table(report):
+    """Every projected row is its board's entry of hw.boards.facts: order, title, build, clock, bandwidths, idle."""
+    data = report.load_inputs(REPO)
+    if data["perf"] is None:
+        pytest.skip("bench/results/perf.json not committed")
+    proj = report.project(data)
+    assert [p["board"] for p in proj if p["schedule"] == "default"] == list(FACTS)
+    for p in proj:
+        f = FACTS[p["board"]]
+        assert p["title"] == f.title and p["build"] == f.design.triple and p["fmax_mhz"] == f.design.fmax_mhz
+        assert p["quant_lanes"] == f.design.quant_lanes and p["epilogue_folded"] == f.design.epilogue_folded
+        img = p["tokens_per_s"] and report.design_prediction(report._shape(data["perf"], "370M"), f.design,
+                                                              p["schedule"])["image_bytes"]
+        assert p["roofline"]["dram"] == pytest.approx(f.dram_gbs * 1e9 / img)
+        assert p["roofline"]["ports"] == pytest.approx(min(f.design.channels, f.ports) * f.port_gbs * 1e9 / img)
+        assert p["idle_w"] == f.idle.total_w
 
 
 def test_projection_respects_roofline(report):
