@@ -63,11 +63,22 @@ def _load_checkpoint(path: Path) -> Any:
     return load_checkpoint(path, progress=_stderr_is_tty())
 
 
+def _load_model(args: argparse.Namespace) -> Any:
+    """What ``--image FILE.mmf`` (a compiled bundle, :mod:`host.bundle`) or else ``--model DIR`` names: a
+    :class:`host.bundle.Bundle` or a checkpoint, either of which ``Device.load`` takes."""
+    image = getattr(args, "image", None)
+    if image is None:
+        return _load_checkpoint(args.model)
+    from host.bundle import read_bundle
+
+    return read_bundle(image)
+
+
 def _tokenizer_of(checkpoint: Any) -> Any:
     tokenizer = getattr(checkpoint, "tokenizer", None)
     if tokenizer is None:
-        raise ValueError(f"checkpoint {getattr(checkpoint, 'path', '?')} has no tokenizer.json "
-                         "(needed to turn text into tokens)")
+        raise ValueError(f"model {getattr(checkpoint, 'path', '?')} has no tokenizer (tokenizer.json in a "
+                         "checkpoint, or in the bundle it was compiled from; needed to turn text into tokens)")
     return tokenizer
 
 
@@ -128,7 +139,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     with open_device(args.device, **_device_options(args.option)) as device:
-        checkpoint = _load_checkpoint(args.model)
+        checkpoint = _load_model(args)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
         n_prompt = len(encode_prompt(tokenizer, args.prompt, device.config.bos_token_id))
@@ -216,7 +227,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         _check_writable(args.json, "--json")
     text = read_text_file(args.text)
     with open_device(args.device, **_device_options(args.option)) as device:
-        checkpoint = _load_checkpoint(args.model)
+        checkpoint = _load_model(args)
         tokenizer = _tokenizer_of(checkpoint)
         device.load(checkpoint)
         _warn_context(device.config, args.context, 0)
@@ -230,7 +241,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(f"seconds        {result.seconds:.2f}  ({_fmt_rate(result.tokens_per_s)} tokens/s, "
           f"{_plural(result.windows, 'window')} of {result.context}, device {args.device})")
     if args.json is not None:
-        report = {"model": str(args.model), "text": str(args.text), "device": args.device,
+        report = {"model": str(args.image or args.model), "text": str(args.text), "device": args.device,
                   "max_tokens": args.max_tokens, **result.to_dict(), "counters": counters}
         args.json.write_text(json.dumps(report, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     return 0
@@ -355,7 +366,7 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
             raise ValueError(f"--token-ids must be comma-separated integers, got {args.token_ids!r}") from None
     options = _device_options(args.option)
     with open_device(args.device, **options) as device:
-        checkpoint = _load_checkpoint(args.model)
+        checkpoint = _load_model(args)
         res = selftest(device, checkpoint, tokens=ids)
     for d in res.details:
         print(f"token {d['position']} (id {d['token']}): {'bit-exact' if d['bit_exact'] else 'DIFFERENT'}, "
@@ -379,9 +390,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
     options = _board_options(args.device, args.board, _device_options(args.option))
     with open_device(args.device, **options) as device:
-        checkpoint = _load_checkpoint(args.model)
+        checkpoint = _load_model(args)
         rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
-    rep["model"] = str(args.model)
+    rep["model"] = str(args.image or args.model)
     rep["device_options"] = options
     rep["command"] = " ".join(["mmfree", *getattr(args, "argv", [])])
     text = json.dumps(rep, indent=2, sort_keys=True, default=str)
@@ -443,7 +454,7 @@ def _cmd_power(args: argparse.Namespace) -> int:
                                          f"(rails found: {', '.join(available)})")
                     rails = select_rails(available, defaults, what=f"default {board.key} rails ({board.rail_set})")
                 budget = Budget(args.budget, rails, args.budget_basis)
-                checkpoint = _load_checkpoint(args.model)
+                checkpoint = _load_model(args)
                 tokenizer = _tokenizer_of(checkpoint)
                 device.load(checkpoint)
                 with PowerSession(source, budget, governor=args.governor, governor_window_s=args.governor_window,
@@ -461,7 +472,7 @@ def _cmd_power(args: argparse.Namespace) -> int:
             "board": {"key": board.key, "title": board.title, "rail_set": board.rail_set},
             "source": described,
             "governor": {"enabled": bool(args.governor), "window_s": args.governor_window},
-            "device": args.device, "model": str(args.model), "prompt": args.prompt,
+            "device": args.device, "model": str(args.image or args.model), "prompt": args.prompt,
             "prompt_tokens": len(gen.prompt_ids), "token_ids": gen.token_ids, "text": gen.text,
             "command": ["mmfree", *sys.argv[1:]] if sys.argv and Path(sys.argv[0]).name == PROG else None,
             "git_revision": git_revision(),
@@ -531,6 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"checkpoint directory (config.json, *.safetensors, tokenizer.json); "
                             f"default: {DEFAULT_MODEL}")
         if device:
+            p.add_argument("--image", type=Path, default=None, metavar="FILE.mmf",
+                           help="a compiled model bundle (mmfree compile --out FILE.mmf) instead of --model: runs "
+                                "with no compiler on the host (devices that run images: golden, rtl, pynq, xrt, "
+                                "ecp5)")
             p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help=_device_help())
             p.add_argument("--option", action="append", metavar="KEY=VALUE",
                            help="a device option, repeatable, e.g. lanes=16 (rtl), bitstream=mmfree.bit (pynq), "

@@ -61,7 +61,7 @@ def selftest(device: Device, checkpoint: Any, *, tokens: list[int] | None = None
     ----------
     device : Device
         The device under test, constructed (not necessarily loaded: it is loaded here).
-    checkpoint : host.checkpoint.Checkpoint or ModelWeights
+    checkpoint : host.checkpoint.Checkpoint, ModelWeights or host.bundle.Bundle
     tokens : list of int, optional
     golden : Device, optional
         The reference (default: a new :class:`~host.devices.golden.GoldenDevice`).
@@ -76,15 +76,14 @@ def selftest(device: Device, checkpoint: Any, *, tokens: list[int] | None = None
     DeviceError
         From the device (a time-out, an error flag): the self-test could not run.
     """
-    from host.devices.base import weights_of
     from host.devices.golden import GoldenDevice
 
-    weights = weights_of(checkpoint)
-    cfg = weights.config
+    model = _model(checkpoint)
+    cfg = model.config
     ids = list(tokens) if tokens else [int(getattr(cfg, "bos_token_id", 1) or 0) % cfg.vocab_size]
     gold = golden or GoldenDevice()
-    gold.load(weights)
-    device.load(weights)
+    gold.load(model)
+    device.load(model)
     device.reset()
     gold.reset()
     res = SelftestResult(passed=True, device=device.name, tokens=ids)
@@ -111,6 +110,14 @@ def selftest(device: Device, checkpoint: Any, *, tokens: list[int] | None = None
         res.details.append(d)
     res.passed = not res.mismatches
     return res
+
+
+def _model(checkpoint: Any) -> Any:
+    """A compiled bundle as it is, else the weights of a checkpoint (what ``Device.load`` takes)."""
+    from host.bundle import Bundle
+    from host.devices.base import weights_of
+
+    return checkpoint if isinstance(checkpoint, Bundle) else weights_of(checkpoint)
 
 
 def build_params_of(device: Device):
@@ -142,7 +149,7 @@ def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv
     ----------
     device : Device
         Constructed; loaded here.
-    checkpoint : Checkpoint or ModelWeights
+    checkpoint : Checkpoint, ModelWeights or host.bundle.Bundle
     tokens : int, >= 1
     board : str
         A key of :data:`hw.boards.facts.BOARDS` (:data:`host.perf.BOARDS`): whose roofline the numbers are
@@ -165,18 +172,17 @@ def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv
     ValueError
         ``tokens < 1`` or an unknown board.
     """
-    from host.devices.base import weights_of
     from host.perf import BOARDS, roofline
 
     if not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
-    weights = weights_of(checkpoint)
-    device.load(weights)
+    model = _model(checkpoint)
+    device.load(model)
     device.reset()
     before = device.counters()
-    t = int(getattr(weights.config, "bos_token_id", 1) or 0) % weights.config.vocab_size
+    t = int(getattr(model.config, "bos_token_id", 1) or 0) % model.config.vocab_size
     times = []
     for _ in range(tokens):
         t0 = time.perf_counter()

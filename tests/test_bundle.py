@@ -96,3 +96,46 @@ def test_image_of_another_model_is_refused(compiled, tmp_path):
     ck, image = compiled
     with pytest.raises(BundleError, match="embeddings have shape"):
         write_bundle(tmp_path / "x.mmf", image, config=ck.config, embeddings=ck.weights.embeddings[:, :-1])
+
+
+def test_golden_runs_a_bundle_exactly_as_the_checkpoint(compiled, bundle_path):
+    """Device.load_image(bundle) (no compiler on the host) gives the same bits as load(weights)."""
+    from host.devices.golden import GoldenDevice
+
+    ck, _ = compiled
+    a, b = GoldenDevice(), GoldenDevice()
+    a.load(ck.weights)
+    b.load_image(bundle_path)          # a path: read and verified
+    assert b.config == ck.config
+    for t in (1, 5, 17, 5):
+        la, lb = a.step(t), b.step(t)
+        assert np.array_equal(la.view(np.uint32), lb.view(np.uint32))
+        assert a.last.output == b.last.output
+
+
+def test_reference_device_refuses_a_bundle(bundle_path):
+    from host.devices import DeviceError
+    from host.devices.reference import ReferenceDevice
+
+    with pytest.raises(DeviceError, match="runs checkpoints, not compiled images"):
+        ReferenceDevice().load_image(bundle_path)
+
+
+def test_cli_runs_from_a_bundle(compiled, tmp_path, monkeypatch, capsys):
+    """compile --out m.mmf, then generate and selftest with --image only (no --model needed)."""
+    import host.cli as cli
+
+    ck, _ = compiled
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: ck)
+    out = tmp_path / "m.mmf"
+    assert cli.main(["compile", "--out", str(out)]) == 0
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: pytest.fail("the checkpoint was loaded"))
+    args = ["--prompt", "def parse", "--max-new-tokens", "6", "--seed", "0"]
+    assert cli.main(["generate", "--image", str(out), *args]) == 0
+    from_bundle = capsys.readouterr().out
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: ck)
+    assert cli.main(["generate", *args]) == 0
+    assert capsys.readouterr().out == from_bundle
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: pytest.fail("the checkpoint was loaded"))
+    assert cli.main(["selftest", "--image", str(out), "--device", "golden"]) == 0
+    assert "selftest PASS" in capsys.readouterr().out

@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import abc
 import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
 from host.model import HGRNBitConfig, ModelWeights
+
+if TYPE_CHECKING:
+    from host.bundle import Bundle
 
 __all__ = ["CheckpointLike", "Device", "DeviceError", "DeviceState", "ReplayLogDevice", "weights_of",
            "check_isa_version"]
@@ -236,13 +240,14 @@ class Device(abc.ABC):
         """Tokens run since the last :meth:`reset` (or :meth:`load`), restored by :meth:`restore_state`."""
         return self._position
 
-    def load(self, checkpoint: CheckpointLike | ModelWeights) -> None:
+    def load(self, checkpoint: CheckpointLike | ModelWeights | Bundle) -> None:
         """Load a model and start a new sequence (zero recurrent state).
 
         Parameters
         ----------
-        checkpoint : host.checkpoint.Checkpoint or host.model.ModelWeights
-            The loaded checkpoint (its ``weights`` are used) or the weights themselves.
+        checkpoint : host.checkpoint.Checkpoint, host.model.ModelWeights or host.bundle.Bundle
+            The loaded checkpoint (its ``weights`` are used), the weights themselves, or a compiled bundle
+            (:meth:`load_image`).
 
         Raises
         ------
@@ -250,8 +255,13 @@ class Device(abc.ABC):
             If the device is closed or the device cannot take the model (the device is then left
             without a model).
         TypeError
-            If ``checkpoint`` is neither of the accepted types.
+            If ``checkpoint`` is none of the accepted types.
         """
+        from host.bundle import Bundle
+
+        if isinstance(checkpoint, Bundle):
+            self.load_image(checkpoint)
+            return
         self._check_open()
         weights = weights_of(checkpoint)
         self._config = None
@@ -259,6 +269,39 @@ class Device(abc.ABC):
         self._config = weights.config
         self._position = 0
         self._counters["loads"] += 1
+
+    def load_image(self, bundle: Bundle | str | os.PathLike[str]) -> None:
+        """Load a compiled model bundle (:mod:`host.bundle`, ``mmfree compile --out model.mmf``) and start a new
+        sequence: what runs on a board, with no compiler (no numba, no torch) on the host.
+
+        Parameters
+        ----------
+        bundle : host.bundle.Bundle or path-like
+            A bundle, or the path of one (read and verified with :func:`host.bundle.read_bundle`).
+
+        Raises
+        ------
+        DeviceError
+            If the device is closed, or runs checkpoints only (the float reference has no image), or cannot
+            take this image (another packing or channel count than its build).
+        host.bundle.BundleError
+            If the file is not a usable bundle.
+        """
+        from host.bundle import Bundle, read_bundle
+
+        self._check_open()
+        if not isinstance(bundle, Bundle):
+            bundle = read_bundle(bundle)
+        self._config = None
+        self._load_image(bundle)
+        self._config = bundle.config
+        self._position = 0
+        self._counters["loads"] += 1
+
+    def _load_image(self, bundle: Bundle) -> None:
+        """Take a compiled bundle; leave the recurrent state at zero. Devices that run images override it."""
+        raise DeviceError(f"device {self.name!r} runs checkpoints, not compiled images: load a checkpoint "
+                          "(--model DIR) instead of a bundle")
 
     def reset(self) -> None:
         """Start a new sequence: zero the recurrent state and the position.

@@ -466,11 +466,11 @@ class GoldenDevice(Device):
         self._frac = self.machine.info.residual_frac
         self._reset()
 
-    def load_image(self, image: bytes, embeddings: np.ndarray) -> None:
-        """Run a precompiled image (embeddings: [V, H] float32, looked up by the host)."""
-        self.machine = GoldenMachine(image, self.build)
-        self._emb = np.asarray(embeddings, dtype=np.float32)
-        self._frac = self.machine.info.residual_frac
+    def _load_image(self, bundle) -> None:
+        """Run a compiled bundle's image; its embeddings are already in the residual format."""
+        self.machine = GoldenMachine(bundle.image, self.build)
+        self._emb = np.asarray(bundle.embeddings, dtype=np.int32)
+        self._frac = None   # fixed-point rows: the token packet carries them as they are
         self._reset()
 
     def _reset(self) -> None:
@@ -478,7 +478,8 @@ class GoldenDevice(Device):
 
     def token_packet(self, token_id: int, position: int = 0, logits: bool = True) -> bytes:
         """The host's embedding lookup for one token, as the accelerator receives it."""
-        return make_token_packet(nx.to_fixed(self._emb[token_id], self._frac), position=position, logits=logits)
+        row = self._emb[token_id] if self._frac is None else nx.to_fixed(self._emb[token_id], self._frac)
+        return make_token_packet(row, position=position, logits=logits)
 
     def _step(self, token_id: int) -> np.ndarray:
         res = self.machine.run_token(self.token_packet(token_id, self.position), self._state)
