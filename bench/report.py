@@ -559,6 +559,34 @@ def gpu_section(data: dict) -> str:
     return "\n".join(lines)
 
 
+def engine_summary(c: dict) -> str:
+    """The golden engine's rates against PyTorch, the golden device and the C++ engine of issue 24."""
+    cpu = c["machine"].get("cpu")
+    cpp = c.get("cpp_engine_reference") or {}
+    rows = []
+    for label, sp, key in [("shipped model", c["speed"], "shipped")] + (
+            [("370M shape" if c["random_370m"].get("full_370m") else "370M shape, fewer layers",
+              c["random_370m"]["speed"], "random_370m")] if "random_370m" in c else []):
+        med = sp["tokens_per_s_median"]
+        goal = cpp.get(key) if key != "random_370m" or c["random_370m"].get("full_370m") else None
+        for dev, threads in (("engine_1thread", "1"), ("engine", str(sp["numba_threads"]["engine"]))):
+            rows.append([label, threads, fmt(med[dev]), f"{fmt(med[dev] / med['torch'], 2)}×",
+                         f"{fmt(med[dev] / med['golden'], 2)}×",
+                         f"{fmt(goal[0])} – {fmt(goal[1])}" if goal else "—",
+                         f"{fmt(med[dev] / goal[1], 2)}× – {fmt(med[dev] / goal[0], 2)}×" if goal else "—"])
+    return ("\n#### Golden engine (`host/devices/golden_engine.py`)\n\n"
+            + table(["model", "numba threads", "engine tokens/s (median)", "÷ PyTorch (same run)",
+                     "÷ golden device (same run)", "C++ engine tokens/s (issue 24)", "engine ÷ C++ engine"], rows)
+            + f"\n\nMEASURED on {cpu} ({c['machine'].get('cpu_count')} logical cores, shared with other jobs; "
+            f"OpenMP wait policy {c['settings'].get('omp_wait_policy')}, numba threading layer "
+            f"{c['settings'].get('numba_threading_layer')}). The engine runs the golden device's image bit for bit "
+            "(the same output packets and states, checked in the run and by `tests/test_golden_engine.py`): the "
+            "whole token in one numba function, a table-lookup GEMV (one 256-entry table of partial sums per five "
+            "codes, one load and one add per five trits) over row-aligned base-3 rows, and the GEMVs that share "
+            "codes in one parallel region. The C++ engine's figures are issue 24's, measured on a 2-core Intel "
+            "Xeon of this kind (not re-run here).")
+
+
 def cpu_section(data: dict) -> str:
     c, gold = data.get("cpu"), data.get("golden")
     out = []
@@ -585,7 +613,25 @@ def cpu_section(data: dict) -> str:
                    f"golden device suffers most. PyTorch vs float reference: argmax agreement "
                    f"{pct(chk.get('argmax_agreement'))} over {chk.get('tokens')} tokens, logits relative error "
                    f"median {fmt(chk.get('logits_rel_err_median'))}.")
-    out.append("\n#### 370M shape on this CPU (`bench/results/golden.json`)\n")
+    if c is not None and "random_370m" in c:
+        r = c["random_370m"]
+        sp = r["speed"]
+        med = sp["tokens_per_s_median"]
+        load = sp["loadavg_1min_after_runs"]
+        shape = r["shape"]
+        out.append(f"\n#### {'370M' if r.get('full_370m') else str(shape['num_hidden_layers']) + '-layer 370M'} "
+                   "shape on this CPU (`bench/results/cpu.json`, `random_370m`)\n")
+        out.append(table(["device", "tokens/s (median)", "range over runs", "tokens per CPU-second"],
+                         [[f"`{k}`", fmt(v), f"{fmt(min(sp['tokens_per_s_runs'][k]))} – "
+                           f"{fmt(max(sp['tokens_per_s_runs'][k]))}", fmt(sp["tokens_per_cpu_s_median"][k])]
+                          for k, v in med.items()]))
+        out.append(f"\nMEASURED on {c['machine'].get('cpu')}, random weights of the shape {shape} "
+                   f"({sp['runs']} runs of {sp['steps_per_run']} steps rotating over the devices, load average "
+                   f"{fmt(min(load))} – {fmt(max(load))}); the engine's output packets and states were checked "
+                   f"identical to the golden device's on {r['engine_check']['tokens']} tokens first.")
+    if c is not None and "engine" in c["speed"]["tokens_per_s_median"]:
+        out.append(engine_summary(c))
+    out.append("\n#### 370M shape, earlier golden-device run (`bench/results/golden.json`)\n")
     if gold is None or "random_370m" not in gold:
         out.append(missing("golden"))
     else:
