@@ -99,7 +99,7 @@ def test_engine_is_thread_count_independent():
     w = random_weights(cfg, seed=3, gamma_spread=1.0)
     fm = calibrate(w, n_tokens=8)
     machine = GoldenMachine(compile_model(w, CompileOptions(formats=fm)))
-    engine = GoldenEngine(machine.image, parallel_min_trits=1)    # every GEMV through the thread pool
+    engine = GoldenEngine(machine.image, parallel_min_trits=1, parallel=True)   # every GEMV through the pool
     x = nx.to_fixed(w.embeddings[7], fm.residual)
     before = numba.get_num_threads()
     try:

@@ -32,6 +32,9 @@ bit-identical to B separate calls.
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 from host.image import ParsedImage, channel_rows
@@ -42,9 +45,17 @@ from hw.isa import Buffer, InstrFlags, MicroOpcode, Opcode
 __all__ = ["GoldenEngine", "UnsupportedImage", "PARALLEL_MIN_TRITS", "build_table", "build_table_batch",
            "gemv_batch", "pack_rows", "quantize_codes", "scalar_scales"]
 
-#: A GEMV of at least this many trits (N * K) is split over threads; smaller ones run on the calling thread
-#: (a parallel region costs some microseconds to start, more when a core is busy).
-PARALLEL_MIN_TRITS = 1 << 18
+#: A GEMV (or group of GEMVs sharing codes) of at least this many trits is split over threads; smaller ones run
+#: on the calling thread. 2**20 trits take about 60 us on one core here: the shipped model's only parallel region
+#: is then its LM head, the 370M shape's are its four groups per layer. With 2**18 and two threads the shipped
+#: model ran at 1189 tokens/s under OMP_WAIT_POLICY=PASSIVE and at 17 under libgomp's default spin policy while
+#: another process held the second core (alternating runs, one process each; docs/PERFORMANCE.md).
+PARALLEL_MIN_TRITS = 1 << 20
+
+#: The OpenMP wait policy for numba's ``omp`` threading layer (read once, when its pool starts; a user's own
+#: setting wins), as host/devices/golden.py sets it: with libgomp's default (spin, then sleep) a parallel region
+#: waits for a time slice whenever another process holds a core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # instruction table columns
 (_OPC, _FLAGS, _LAYER, _N, _K, _SRC, _QSHIFT, _AMAX, _SSQ, _CBM, _CBS, _BIAS, _BIASS, _OFRAC, _QC, _C0, _C1, _C2,
@@ -489,8 +500,12 @@ class GoldenEngine:
     parallel_min_trits : int
         GEMVs of at least this many trits use the numba thread pool (:data:`PARALLEL_MIN_TRITS`) when
         ``numba.get_num_threads() > 1`` at the call.
-    chunk_rows : int
-        ``numba.set_parallel_chunksize`` during a token (0: numba's static split, the measured best).
+    parallel : bool or None
+        ``True``: always split those GEMVs over the threads; ``False``: never; ``None`` (default): whichever
+        has been faster lately. The engine times every token (a moving average per mode) and runs one token in
+        the other mode every :attr:`probe_every` tokens, so a second core that another process holds (where
+        the thread pool only adds waiting) turns the pool off until the core is free again. The results do not
+        depend on it.
 
     Raises
     ------
@@ -499,12 +514,16 @@ class GoldenEngine:
         the other reduction).
     """
 
+    probe_every = 16
+
     def __init__(self, image: ParsedImage, *, parallel_min_trits: int = PARALLEL_MIN_TRITS,
-                 chunk_rows: int = 0) -> None:
+                 parallel: bool | None = None) -> None:
         info = image.info
         self.info = info
         self.parallel_min_trits = int(parallel_min_trits)
-        self.chunk_rows = int(chunk_rows)
+        self.parallel = parallel
+        self._seconds = {False: None, True: None}    # moving average of a token's seconds, per mode
+        self._tokens = 0
         kern = _kernels()
         h, layers = info.hidden, info.n_layers
         vmax = max(info.hidden, info.intermediate)
@@ -598,6 +617,25 @@ class GoldenEngine:
                     for op in ins.ops if op.op is MicroOpcode.OUT)
         self._n_out = max(n_out, 1)
 
+    def _use_threads(self, threads: int) -> bool | None:
+        """This token's mode: True (thread pool), False (calling thread), None (one thread: nothing to time)."""
+        if threads <= 1 or self.parallel is False:
+            return None if threads <= 1 else False
+        if self.parallel is True:
+            return True
+        self._tokens += 1
+        fast, slow = self._seconds[False], self._seconds[True]
+        if fast is None or slow is None:
+            return fast is not None          # time each mode once
+        best = slow < fast
+        return (not best) if self._tokens % self.probe_every == 0 else best
+
+    @property
+    def threads_in_use(self) -> bool | None:
+        """Whether the adaptive mode currently prefers the thread pool (None until both modes were timed)."""
+        a, b = self._seconds[False], self._seconds[True]
+        return None if a is None or b is None else b < a
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of the engine's row-aligned weight copy."""
@@ -652,13 +690,14 @@ class GoldenEngine:
         table = np.zeros(((self._kmax + 4) // 5) * 256, np.int32)
         acc = np.zeros(self._accmax, np.int32)
         logits = np.zeros(self._n_out, np.int64)
-        threads_min = self.parallel_min_trits if numba.get_num_threads() > 1 else np.iinfo(np.int64).max
-        prev = numba.set_parallel_chunksize(self.chunk_rows)
-        try:
-            am, mx, sm, ss, nl = _kernels()["run_token"](
-                self._prog, self._ops, self._w, self._sig, info.lut_segments_log2, info.gate_frac, mem,
-                self._buf_base, h, regs, r, codes, table, acc, logits, threads_min)
-        finally:
-            numba.set_parallel_chunksize(prev)
+        use = self._use_threads(numba.get_num_threads())
+        t0 = time.perf_counter()
+        am, mx, sm, ss, nl = _kernels()["run_token"](
+            self._prog, self._ops, self._w, self._sig, info.lut_segments_log2, info.gate_frac, mem, self._buf_base,
+            h, regs, r, codes, table, acc, logits, self.parallel_min_trits if use else np.iinfo(np.int64).max)
+        if use is not None:
+            dt = time.perf_counter() - t0
+            old = self._seconds[use]
+            self._seconds[use] = dt if old is None else 0.75 * old + 0.25 * dt
         return {"logits": logits[:nl].copy(), "argmax": int(am), "max_acc": int(mx), "scale_mant": int(sm),
                 "scale_shift": int(ss), "state": mem[s_new:s_new + size].reshape(info.n_layers, h).copy()}
