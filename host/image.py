@@ -14,7 +14,7 @@ an empty block (no bytes, no CRC).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,12 +31,13 @@ from hw.isa import (
     Opcode,
     TritPacking,
 )
-from hw.numerics import INT32_MAX, INT32_MIN, LUT_RANGE_LOG2
+from hw.numerics import GATE_FRAC, INT32_MAX, INT32_MIN, LUT_RANGE_LOG2
 
 __all__ = [
     "ImageError", "Instruction", "MicroOpSpec", "ImageInfo", "ParsedImage",
     "assemble", "parse_image", "disassemble", "channel_block_bytes", "channel_rows", "const_section_bytes",
-    "vector_words", "seal_block", "check_block_crcs",
+    "vector_words", "seal_block", "check_block_crcs", "check_block_trits", "BuildLimits", "check_image_header",
+    "iter_instructions",
 ]
 
 HEADER_BYTES = isa.layout_bytes(ImageHeader)
@@ -283,19 +284,38 @@ def _enum(cls, value, cause: ErrorCause, what: str, **where):
         raise ImageError(cause, f"unknown {what} {value}", **where) from None
 
 
-def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True) -> ParsedImage:
-    """Validate and decode an image (what the hardware checks while streaming it, all up front).
+@dataclass(frozen=True)
+class BuildLimits:
+    """What one build of the core accepts beyond the ISA's limits (its ID block): the image header is checked
+    against it (``BAD_SHAPE``). ``None``: any value the ISA allows.
 
-    Checks magic, version, header CRC, every instruction header CRC and constant CRC, opcodes and
-    micro-ops, shapes against :mod:`hw.isa`'s limits and the header's dimensions, truncation, the final
-    END_TOKEN, and (``check_trits``) that every packed byte is a valid trit code and every weight block's CRC
-    word matches (all channels' trits before the CRC words: ``BAD_TRIT`` before ``WEIGHT_CRC``).
+    Attributes
+    ----------
+    packing : TritPacking or None
+    channels : int or None
+    max_hidden, max_intermediate, max_layers : int
+    lut_segments_log2 : int or None
+    """
+
+    packing: TritPacking | None = None
+    channels: int | None = None
+    max_hidden: int = isa.MAX_HIDDEN
+    max_intermediate: int = isa.MAX_INTERMEDIATE
+    max_layers: int = isa.MAX_LAYERS
+    lut_segments_log2: int | None = None
+
+
+def check_image_header(raw: bytes | bytearray | memoryview, limits: BuildLimits | None = None) -> ImageInfo:
+    """The image header's checks, in the hardware's order (docs/ISA.md section 5): magic, version, CRC, the
+    fields against the ISA and the build (``BAD_SHAPE``; ``gate_frac`` is fixed by the ISA,
+    :data:`hw.numerics.GATE_FRAC`), then an image that ends with its header (``TRUNCATED``).
 
     Raises
     ------
     ImageError
-        Naming the :class:`~hw.isa.ErrorCause`, the byte offset and the instruction.
+        With no instruction (``ERROR_WHERE`` is :data:`hw.isa.NO_INSTRUCTION`).
     """
+    lim = limits or BuildLimits()
     mv = memoryview(bytes(raw)) if not isinstance(raw, memoryview) else raw
     size = len(mv)
     if size < HEADER_BYTES:
@@ -318,52 +338,111 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
                      intermediate=h.intermediate, vocab=h.vocab, n_instructions=h.n_instructions,
                      image_bytes=4 * h.image_words, residual_frac=h.residual_frac, state_frac=h.state_frac,
                      gate_frac=h.gate_frac, lut_segments_log2=h.lut_segments_log2)
-    if not (1 <= info.channels <= 16):
-        raise ImageError(ErrorCause.BAD_SHAPE, f"{info.channels} weight channels (1-16 supported)", offset=9)
-    limits = (("hidden", info.hidden, isa.MAX_HIDDEN), ("intermediate", info.intermediate, isa.MAX_INTERMEDIATE),
-              ("n_layers", info.n_layers, isa.MAX_LAYERS), ("vocab", info.vocab, isa.MAX_VOCAB))
-    for name, v, lim in limits:
-        if not 1 <= v <= lim:
-            raise ImageError(ErrorCause.BAD_SHAPE, f"{name} {v} outside 1..{lim}", offset=0)
-    if info.image_bytes != size:
-        cause = ErrorCause.TRUNCATED if size < info.image_bytes else ErrorCause.BAD_SHAPE
-        raise ImageError(cause, f"header says {info.image_bytes} bytes, image has {size}", offset=size)
+    if lim.packing is not None and packing is not TritPacking(lim.packing):
+        raise ImageError(ErrorCause.BAD_SHAPE, f"{packing.name} trits, the build decodes "
+                         f"{TritPacking(lim.packing).name}", offset=8)
+    if not (1 <= info.channels <= 16) or (lim.channels is not None and info.channels != lim.channels):
+        raise ImageError(ErrorCause.BAD_SHAPE, f"{info.channels} weight channels (1-16, the build has "
+                         f"{lim.channels or 'any'})", offset=9)
+    limits_ = (("hidden", info.hidden, lim.max_hidden), ("intermediate", info.intermediate, lim.max_intermediate),
+               ("n_layers", info.n_layers, lim.max_layers), ("vocab", info.vocab, isa.MAX_VOCAB))
+    for name, v, most in limits_:
+        if not 1 <= v <= most:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"{name} {v} outside 1..{most}", offset=0)
+    if info.gate_frac != GATE_FRAC:
+        raise ImageError(ErrorCause.BAD_SHAPE, f"gate_frac {info.gate_frac}: the ISA fixes sigmoid outputs at "
+                         f"Q.{GATE_FRAC}", offset=30)
+    if lim.lut_segments_log2 is not None and info.lut_segments_log2 != lim.lut_segments_log2:
+        raise ImageError(ErrorCause.BAD_SHAPE, f"a sigmoid LUT of 2^{info.lut_segments_log2} segments, the build "
+                         f"has 2^{lim.lut_segments_log2}", offset=31)
+    if size == HEADER_BYTES:
+        raise ImageError(ErrorCause.TRUNCATED, "the image ends with its header", offset=size)
+    return info
 
-    instructions = []
+
+def iter_instructions(raw: bytes | bytearray | memoryview, info: ImageInfo, *,
+                      check_trits: bool = True) -> Iterator[Instruction]:
+    """The instructions of an image whose header passed :func:`check_image_header`, each checked in the
+    hardware's order before it is yielded (docs/ISA.md section 5): header truncated, ``INSTR_CRC``, opcode
+    and flags, micro-ops, shapes (``END_TOKEN`` also: its position, ``image_words``, nothing after it), the
+    stream ending with the header, the constants (truncated, CRC), the weights (truncated, then with
+    ``check_trits`` every channel's trits and then their CRC words). The last one yielded is END_TOKEN.
+
+    Raises
+    ------
+    ImageError
+        At the first failed check (``instruction`` = its index; ``NO_END`` names index ``n_instructions``).
+    """
+    mv = memoryview(bytes(raw)) if not isinstance(raw, memoryview) else raw
+    size = len(mv)
     pos = HEADER_BYTES
-    for idx in range(info.n_instructions):
+    codes_k = 0                       # k of the codes a REUSE_CODES GEMV would reuse (0: none yet)
+    vmax = max(info.hidden, info.intermediate)
+    written = Written()
+    for idx in range(info.n_instructions + 1):
+        if idx == info.n_instructions:
+            raise ImageError(ErrorCause.NO_END, f"the program's {info.n_instructions} instruction(s) hold no "
+                             "END_TOKEN", offset=pos, instruction=idx)
+        where = {"offset": pos, "instruction": idx}
         if pos + INSTR_BYTES > size:
-            raise ImageError(ErrorCause.TRUNCATED, "the image ends inside an instruction header", offset=pos,
-                             instruction=idx)
+            raise ImageError(ErrorCause.TRUNCATED, "the image ends inside an instruction header", **where)
         head = mv[pos:pos + INSTR_BYTES]
         ih = isa.unpack(InstrHeader, head)
         crc = isa.crc32_words(head[:-4])
         if crc != ih.crc:
             raise ImageError(ErrorCause.INSTR_CRC, f"instruction header CRC 0x{ih.crc:08x}, computed 0x{crc:08x}",
                              offset=pos + INSTR_BYTES - 4, instruction=idx)
-        where = {"offset": pos, "instruction": idx}
         opcode = _enum(Opcode, _raw_field(head, 0, 8), ErrorCause.UNKNOWN_OPCODE, "opcode", **where)
         flags = _enum(InstrFlags, _raw_field(head, 8, 8), ErrorCause.UNKNOWN_OPCODE, "instruction flags", **where)
         ins = Instruction(opcode=opcode, flags=flags, layer=ih.layer, n=ih.n,
                           k=ih.k, q_shift=ih.q_shift, amax_reg=ih.amax_reg, ssq_reg=ih.ssq_reg,
                           cb_mant=ih.cb_mant, cb_shift=ih.cb_shift, ssq_bias=ih.ssq_bias,
                           ssq_bias_shift=ih.ssq_bias_shift, out_frac=ih.out_frac, offset=pos)
+        # micro-ops (BAD_MICROOP), then shapes (BAD_SHAPE): the core's instruction check has this precedence
         ins.src = _enum(Buffer, _raw_field(head, 64, 4), ErrorCause.BAD_MICROOP, "source buffer", **where)
         n_ops = ih.n_ops
         if n_ops > isa.MAX_OPS:
             raise ImageError(ErrorCause.BAD_MICROOP, f"{n_ops} micro-ops (at most {isa.MAX_OPS})", **where)
         ins.ops = [_decode_op(head, j, where) for j in range(n_ops)]
-        pos += INSTR_BYTES
         n_consts = ih.n_consts
         if n_consts > isa.MAX_CONSTS:
             raise ImageError(ErrorCause.BAD_MICROOP, f"{n_consts} constant vectors (at most {isa.MAX_CONSTS})",
                              **where)
-        _check_shape(ins, info, n_consts, where)
+        _check_microops(ins, info, n_consts, where)
+        _check_shape(ins, info, vmax, codes_k, where)
+        if opcode is not Opcode.END_TOKEN:
+            written.check_and_update(ins, info, where)
+        wb = ih.weight_bytes
+        expect = channel_block_bytes(ins.n, ins.k, info.channels, info.packing) if opcode is Opcode.GEMV else []
+        if wb != sum(expect):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"{opcode.name} with a weight section of {wb} bytes, "
+                             f"{sum(expect)} expected" + (f" for a {ins.n}x{ins.k} GEMV over {info.channels} "
+                                                          "channel(s)" if expect else ""), **where)
+        if opcode is Opcode.END_TOKEN:
+            if idx != info.n_instructions - 1:
+                raise ImageError(ErrorCause.BAD_SHAPE, f"END_TOKEN at instruction {idx} of "
+                                 f"{info.n_instructions}", **where)
+            if pos + INSTR_BYTES != info.image_bytes:
+                raise ImageError(ErrorCause.BAD_SHAPE, f"the header says {info.image_bytes} bytes, the program "
+                                 f"ends at {pos + INSTR_BYTES}", **where)
+            if pos + INSTR_BYTES != size:
+                raise ImageError(ErrorCause.BAD_SHAPE, f"{size - pos - INSTR_BYTES} bytes after the last "
+                                 "instruction", offset=pos + INSTR_BYTES, instruction=idx)
+            written.check_and_update(ins, info, where)
+            yield ins           # END_TOKEN: a header only (its constants and weights are not read)
+            return
+        if opcode is Opcode.GEMV and InstrFlags.REUSE_CODES not in flags:
+            codes_k = ins.k
+        pos += INSTR_BYTES
         q_len = ins.k if InstrFlags.QCONST in ins.flags else 0
         q_words = vector_words(q_len) if q_len else 0
         const_words = q_words + n_consts * vector_words(ins.n)
         section = 4 * const_words
-        if pos + section > size:
+        # the stream ends with END_TOKEN: a header, constants or weights that reach its end are truncated
+        if pos >= size:
+            raise ImageError(ErrorCause.TRUNCATED, "the image ends with an instruction header that is not "
+                             "END_TOKEN", offset=pos, instruction=idx)
+        if section and pos + section >= size:
             raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the constants", offset=pos,
                              instruction=idx)
         cbytes = mv[pos:pos + section]
@@ -372,44 +451,51 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
             if crc != ih.const_crc:
                 raise ImageError(ErrorCause.CONST_CRC, f"constants CRC 0x{ih.const_crc:08x}, computed 0x{crc:08x}",
                                  offset=pos, instruction=idx)
+        if wb and pos + section + wb >= size:
+            raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the weights", offset=pos + section,
+                             instruction=idx)
         words = np.frombuffer(cbytes, dtype="<i4").astype(np.int64)
         if q_len:
             ins.qconst = words[:q_len]
         vw = vector_words(ins.n)
         ins.consts = [words[q_words + c * vw: q_words + c * vw + ins.n] for c in range(n_consts)]
         pos += section
-        wb = ih.weight_bytes
-        if ins.opcode is Opcode.GEMV:
-            expect = channel_block_bytes(ins.n, ins.k, info.channels, info.packing)
-            if wb != sum(expect):
-                raise ImageError(ErrorCause.BAD_SHAPE, f"weight section of {wb} bytes, a {ins.n}x{ins.k} GEMV over "
-                                 f"{info.channels} channel(s) needs {sum(expect)}", **where)
-            if pos + wb > size:
-                raise ImageError(ErrorCause.TRUNCATED, "the image ends inside the weights", offset=pos,
-                                 instruction=idx)
+        if opcode is Opcode.GEMV:
             ins.weight_offset = pos
             start = pos
             for c, nb in enumerate(expect):
                 block = np.frombuffer(mv[start:start + nb], dtype=np.uint8)
                 if check_trits:
-                    _check_trits(block, channel_rows(ins.n, info.channels, c) * ins.k, info.packing,
+                    check_block_trits(block, channel_rows(ins.n, info.channels, c) * ins.k, info.packing,
                                  start, idx)
                 ins.blocks.append(block)
                 start += nb
             if check_trits:    # every channel's trits first (found while decoding), then the CRC words
                 check_block_crcs(mv[pos:pos + wb], expect, pos, idx)
-        elif wb:
-            raise ImageError(ErrorCause.BAD_SHAPE, f"{opcode.name} carries {wb} weight bytes", **where)
         pos += wb
-        instructions.append(ins)
-    if pos != size:
-        raise ImageError(ErrorCause.BAD_SHAPE, f"{size - pos} bytes after the last instruction", offset=pos)
-    if not instructions or instructions[-1].opcode is not Opcode.END_TOKEN:
-        raise ImageError(ErrorCause.NO_END, "the program does not end with END_TOKEN", offset=pos)
-    if any(i.opcode is Opcode.END_TOKEN for i in instructions[:-1]):
-        first = next(j for j, i in enumerate(instructions) if i.opcode is Opcode.END_TOKEN)
-        raise ImageError(ErrorCause.BAD_SHAPE, "END_TOKEN before the end of the program",
-                         instruction=first, offset=instructions[first].offset)
+        yield ins
+
+
+def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True,
+                limits: BuildLimits | None = None) -> ParsedImage:
+    """Validate and decode an image: every check the hardware makes while streaming it, all up front and in
+    its order (:func:`check_image_header`, then :func:`iter_instructions`), so the first error is the one the
+    hardware reports for this image (docs/ISA.md section 5).
+
+    Checks magic, version, header CRC, the header's fields, every instruction header CRC and constant CRC,
+    opcodes and micro-ops, shapes against :mod:`hw.isa`'s limits and the header's dimensions, truncation, the
+    final END_TOKEN and ``image_words``, and (``check_trits``) that every packed byte is a valid trit code and
+    every weight block's CRC word matches (all channels' trits before the CRC words: ``BAD_TRIT`` before
+    ``WEIGHT_CRC``).
+
+    Raises
+    ------
+    ImageError
+        Naming the :class:`~hw.isa.ErrorCause`, the byte offset and the instruction.
+    """
+    mv = memoryview(bytes(raw)) if not isinstance(raw, memoryview) else raw
+    info = check_image_header(mv, limits)
+    instructions = list(iter_instructions(mv, info, check_trits=check_trits))
     return ParsedImage(info=info, instructions=instructions, raw=mv)
 
 
@@ -428,23 +514,13 @@ def _decode_op(head: memoryview, j: int, where: dict) -> MicroOpSpec:
     return MicroOpSpec(op=op, dst=raw.dst, a=raw.a, b=raw.b, buf=buf, shift=raw.shift, reg=raw.reg)
 
 
-def _check_shape(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) -> None:
-    if ins.opcode is Opcode.GEMV:
-        if not (1 <= ins.k <= isa.MAX_K and 1 <= ins.n <= isa.MAX_N):
-            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV {ins.n}x{ins.k} beyond the limits", **where)
-        if ins.k not in (info.hidden, info.intermediate):
-            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV input of {ins.k}: neither hidden ({info.hidden}) nor "
-                             f"intermediate ({info.intermediate})", **where)
-        if ins.n not in (info.hidden, info.intermediate, info.vocab):
-            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV output of {ins.n}: not hidden, intermediate or vocab",
-                             **where)
-        if ins.layer >= info.n_layers:
-            raise ImageError(ErrorCause.BAD_SHAPE, f"layer {ins.layer} of a {info.n_layers}-layer model", **where)
-        if ins.src not in (Buffer.X, Buffer.A, Buffer.P):
-            raise ImageError(ErrorCause.BAD_MICROOP, f"GEMV source {ins.src.name} (X, A or P)", **where)
-    elif ins.opcode is Opcode.LOAD_TOKEN and ins.n != info.hidden:
-        raise ImageError(ErrorCause.BAD_SHAPE, f"LOAD_TOKEN of {ins.n} elements, hidden is {info.hidden}",
-                         **where)
+_WRITABLE = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW)
+_H_SIZED = (Buffer.X, Buffer.STATE_OLD, Buffer.STATE_NEW, Buffer.TOKEN)   #: hidden elements; A and P: max(H, I)
+
+
+def _check_microops(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) -> None:
+    if ins.opcode is Opcode.GEMV and ins.src not in (Buffer.X, Buffer.A, Buffer.P):
+        raise ImageError(ErrorCause.BAD_MICROOP, f"GEMV source {ins.src.name} (X, A or P)", **where)
     for j, op in enumerate(ins.ops):
         if op.shift > 62:
             raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j}: shift {op.shift} (at most 62)", **where)
@@ -455,6 +531,10 @@ def _check_shape(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) 
                 op.shift < info.lut_segments_log2 - LUT_RANGE_LOG2:
             raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j}: sigmoid input Q.{op.shift} is coarser than "
                              "the LUT's segments", **where)
+        if op.op is MicroOpcode.ST and op.buf not in _WRITABLE:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j} writes read-only {op.buf.name}", **where)
+        if op.op in (MicroOpcode.LD, MicroOpcode.MULV, MicroOpcode.ADDV) and op.buf is Buffer.NONE:
+            raise ImageError(ErrorCause.BAD_MICROOP, f"micro-op {j} reads buffer NONE", **where)
     # The epilogue reads every buffer as an element enters and writes as it leaves: a program may not
     # read a buffer after storing to it (docs/ISA.md, "hazard rule").
     stored: set[Buffer] = set()
@@ -466,7 +546,79 @@ def _check_shape(ins: Instruction, info: ImageInfo, n_consts: int, where: dict) 
             stored.add(op.buf)
 
 
+@dataclass
+class Written:
+    """What the program has written so far in a token (program order): the elements of X, A, P (a prefix each)
+    and the layers of STATE_NEW written whole. The core does not clear its buffers at a token's start, so an
+    instruction may read only what an earlier one of the same token wrote (``BAD_SHAPE``; ``STATE_OLD``,
+    ``TOKEN`` and constants are always defined), and END_TOKEN commits only a STATE_NEW written in every layer."""
+
+    x: int = 0
+    a: int = 0
+    p: int = 0
+    layers: set[int] = field(default_factory=set)
+
+    def check_and_update(self, ins: Instruction, info: ImageInfo, where: dict) -> None:
+        have = {Buffer.X: self.x, Buffer.A: self.a, Buffer.P: self.p}
+        if ins.opcode is Opcode.END_TOKEN:
+            missing = sorted(set(range(info.n_layers)) - self.layers)
+            if missing:
+                raise ImageError(ErrorCause.BAD_SHAPE, f"END_TOKEN commits STATE_NEW of layer {missing[0]}, which "
+                                 "the program did not write", **where)
+            return
+        if ins.opcode is Opcode.GEMV and InstrFlags.REUSE_CODES not in ins.flags and ins.k > have[ins.src]:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV reads {ins.k} elements of {ins.src.name}, the program "
+                             f"wrote {have[ins.src]}", **where)
+        for j, op in enumerate(ins.ops):
+            if op.op in _READS_BUF:
+                if op.buf in have and ins.n > have[op.buf]:
+                    raise ImageError(ErrorCause.BAD_SHAPE, f"micro-op {j} reads {ins.n} elements of {op.buf.name}, "
+                                     f"the program wrote {have[op.buf]}", **where)
+                if op.buf is Buffer.STATE_NEW and ins.layer not in self.layers:
+                    raise ImageError(ErrorCause.BAD_SHAPE, f"micro-op {j} reads STATE_NEW of layer {ins.layer} "
+                                     "before the program wrote it", **where)
+        for op in ins.ops:
+            if op.op is MicroOpcode.ST:
+                if op.buf is Buffer.X:
+                    self.x = max(self.x, ins.n)
+                elif op.buf is Buffer.A:
+                    self.a = max(self.a, ins.n)
+                elif op.buf is Buffer.P:
+                    self.p = max(self.p, ins.n)
+                elif op.buf is Buffer.STATE_NEW and ins.n >= info.hidden:
+                    self.layers.add(ins.layer)
+
+
+def _check_shape(ins: Instruction, info: ImageInfo, vmax: int, codes_k: int, where: dict) -> None:
+    if ins.opcode is Opcode.GEMV:
+        if not (1 <= ins.k <= isa.MAX_K and 1 <= ins.n <= isa.MAX_N):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV {ins.n}x{ins.k} beyond the limits", **where)
+        if ins.k not in (info.hidden, info.intermediate):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV input of {ins.k}: neither hidden ({info.hidden}) nor "
+                             f"intermediate ({info.intermediate})", **where)
+        if ins.n not in (info.hidden, info.intermediate, info.vocab):
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV output of {ins.n}: not hidden, intermediate or vocab",
+                             **where)
+        if ins.src is Buffer.X and ins.k > info.hidden:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV reads {ins.k} elements of X ({info.hidden})", **where)
+        if InstrFlags.REUSE_CODES in ins.flags and codes_k != ins.k:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"REUSE_CODES of {ins.k} codes, the previous GEMV formed "
+                             f"{codes_k}", **where)
+    elif ins.opcode is Opcode.LOAD_TOKEN and ins.n != info.hidden:
+        raise ImageError(ErrorCause.BAD_SHAPE, f"LOAD_TOKEN of {ins.n} elements, hidden is {info.hidden}",
+                         **where)
+    if ins.opcode is not Opcode.END_TOKEN:
+        if ins.layer >= info.n_layers:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"layer {ins.layer} of a {info.n_layers}-layer model", **where)
+        for j, op in enumerate(ins.ops):
+            if op.op in _ACCESSES_BUF and op.buf is not Buffer.NONE and \
+                    ins.n > (info.hidden if op.buf in _H_SIZED else vmax if op.buf in (Buffer.A, Buffer.P)
+                             else ins.n):
+                raise ImageError(ErrorCause.BAD_SHAPE, f"micro-op {j}: {ins.n} elements of {op.buf.name}", **where)
+
+
 _READS_BUF = (MicroOpcode.LD, MicroOpcode.MULV, MicroOpcode.ADDV, MicroOpcode.SSQ, MicroOpcode.AMAX)
+_ACCESSES_BUF = _READS_BUF + (MicroOpcode.ST,)
 
 
 def check_block_crcs(weights: bytes | memoryview, sizes: Sequence[int], offset: int, idx: int) -> None:
@@ -489,7 +641,9 @@ def check_block_crcs(weights: bytes | memoryview, sizes: Sequence[int], offset: 
         start += nb
 
 
-def _check_trits(block: np.ndarray, n_trits: int, packing: TritPacking, offset: int, idx: int) -> None:
+def check_block_trits(block: np.ndarray, n_trits: int, packing: TritPacking, offset: int, idx: int) -> None:
+    """Every code of a block's ``n_trits`` trits is valid (``BAD_TRIT`` at the first bad byte otherwise; the
+    padding and the CRC word are not trits)."""
     nbytes = isa.packed_trit_bytes(n_trits, packing)
     body = block[:nbytes]
     if packing is TritPacking.BASE3:

@@ -5,7 +5,7 @@ the register file ``r0..r3`` (``hw.isa`` module docstring: ``r0 = acc * S``, ``r
 or ``r0 = r1 = x[n]`` for ``raw`` inputs), runs the instruction's :data:`hw.isa.MAX_OPS` micro-ops in a
 pipeline of as many stages (stage ``s`` executes ``ops[s]``; NOP beyond ``n_ops``) and leaves with its
 buffer writes, reductions, argmax and logit. The arithmetic is that of :mod:`hw.numerics` and of
-``GoldenMachine._epilogue`` in :mod:`host.devices.golden`, bit for bit.
+``_Executor._epilogue`` in :mod:`host.devices.golden`, bit for bit.
 
 Buffer operands are read once, at the entry (one read port per buffer, address = element index); ST values
 are written at the exit. The compiler guarantees that each buffer is read by at most one micro-op and

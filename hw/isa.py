@@ -508,7 +508,7 @@ class RegisterMap:
     CTRL: int = 0x40               #: :class:`Ctrl` (write): CLEAR, ABORT
     STATUS: int = 0x44             #: :class:`Status` (read): BUSY, DONE, ERROR
     ERROR_CAUSE: int = 0x48        #: ErrorCause
-    ERROR_WHERE: int = 0x4C        #: instruction index of the error
+    ERROR_WHERE: int = 0x4C        #: instruction of the error; NO_INSTRUCTION (0xFFFFFFFF): token packet, header
     POSITION: int = 0x50           #: token position of the last output
     ARGMAX: int = 0x54             #: last greedy token
     COUNTERS: int = 0x80           #: Counter(i) at COUNTERS + 8 * i (low word, then high word)

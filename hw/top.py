@@ -319,6 +319,8 @@ class Accelerator(wiring.Component):
         xhr = Signal(512)             # the executing instruction's header (copied from img at dispatch)
         xh = data.View(InstrHeader, xhr)
         hidden, inter, n_layers, vocab = Signal(16), Signal(16), Signal(16), Signal(16)
+        vmax_img = Signal(16)         # max(hidden, intermediate): the elements of A and P an image may use
+        img_words = Signal(32)        # the image header's image_words (checked at END_TOKEN)
         n_instr, instr_idx = Signal(32), Signal(32)
         n_instr_m1 = Signal(32)       # n_instr - 1, registered (END_TOKEN's position check, off the fetcher's path)
         m.d.sync += n_instr_m1.eq(n_instr - 1)
@@ -540,15 +542,33 @@ class Accelerator(wiring.Component):
         # path at the ECP5 clock) and on the header's CRC, final by then.
         chk_opcode, chk_microop, chk_shape, chk_truncated, chk_consts = (
             Signal(name=f"chk_{n}") for n in ("opcode", "microop", "shape", "truncated", "consts"))
+        st_x, st_a, st_p, st_sn = (Signal(name=f"st_{n}") for n in ("x", "a", "p", "sn"))
         # Channel 0's weight beats (block_rows, block_sections), without a divider on the path: the rows and k
         # are taken from the header's first beat, their product (plus the rounding) is registered the next
         # cycle, and F_CHECK2 (at least two cycles after the first beat) divides by a constant.
-        sz_rows, sz_k = Signal(16), Signal(16)
-        sz_blk = Signal(33)           # rows * k + (68 * trits per byte - 1)
+        # Every channel's block is sized the same way (their sum is checked against weight_bytes).
+        sz_k = Signal(16)
+        sz_rows_c = [Signal(16, name=f"sz_rows{c}") for c in range(C)]
+        sz_blk_c = [Signal(33, name=f"sz_blk{c}") for c in range(C)]   # rows * k + (68 * trits per byte - 1)
+        sz_blk = sz_blk_c[0]
         per = 5 if self.packing is TritPacking.BASE3 else 4
-        m.d.sync += sz_blk.eq(sz_rows * sz_k + (68 * per - 1))   # round_up(packed + 4, 64): the CRC word
+        for c in range(C):    # round_up(packed + 4, 64): the CRC word
+            m.d.sync += sz_blk_c[c].eq(sz_rows_c[c] * sz_k + (68 * per - 1))
         block_beats = Signal(24)
         m.d.comb += block_beats.eq(block_sections(sz_blk, per) * (64 // beat_bytes))
+        wb_expect = Signal(40)
+        m.d.comb += wb_expect.eq(sum(Mux(sz_rows_c[c] != 0, block_sections(sz_blk_c[c], per), 0) for c in range(C))
+                                 * 64)
+        f_words = Signal(32)          # image words up to the instruction being fetched
+        f_codes_k = Signal(16)        # k of the codes a REUSE_CODES GEMV would reuse (program order)
+        # what the program wrote so far in this token (program order): the buffers are not cleared at a token's
+        # start, so an instruction may read only what an earlier one wrote (host.image.Written)
+        w_x, w_a, w_p = Signal(16), Signal(16), Signal(16)
+        nl = _pow2(self.max_layers)
+        w_layers = Signal(nl)         # layers of STATE_NEW written whole
+        layer_mask = Signal(nl)       # the image's n_layers, as a mask (registered at IMG_CHECK)
+        instr_const_words = Signal(20)
+        m.d.comb += instr_const_words.eq(Mux(ih.flags.as_value()[1], q_words, 0) + ih.n_consts * n_words)
         f_idx = Signal(32)            # index of the instruction being fetched
         f_at_end = Signal()           # f_idx == n_instr, registered with f_idx (off the fetcher's state path)
         f_cnt = Signal(24)            # header or weight beats of the current section
@@ -590,7 +610,8 @@ class Accelerator(wiring.Component):
             with fstate("F_IDLE"):
                 with m.If(f_start):   # in the sequencer's IMG_CHECK: img holds the image header, n_instr loads
                     n0 = data.View(isa.ImageHeader, img).n_instructions
-                    m.d.sync += [f_idx.eq(0), f_cnt.eq(0), f_at_end.eq(n0 == 0)]
+                    m.d.sync += [f_idx.eq(0), f_cnt.eq(0), f_at_end.eq(n0 == 0), f_words.eq(16), f_codes_k.eq(0),
+                                 w_x.eq(0), w_a.eq(0), w_p.eq(0), w_layers.eq(0)]
                     m.next = "F_HDR"
             with fstate("F_HDR"):
                 with m.If(f_at_end):
@@ -602,7 +623,8 @@ class Accelerator(wiring.Component):
                         m.d.sync += [f_cnt.eq(f_cnt + 1), f_last.eq(ch0.tlast),
                                      img.eq(Cat(img[self.bus_bits:], ch0.tdata))]
                         with m.If(f_cnt == 0):      # header word 1 (n, k) is in the first beat
-                            m.d.sync += [sz_rows.eq(block_rows(ch0.tdata[32:48], C)), sz_k.eq(ch0.tdata[48:64])]
+                            m.d.sync += [sz_rows_c[c].eq(channel_rows(ch0.tdata[32:48], C, c)) for c in range(C)]
+                            m.d.sync += sz_k.eq(ch0.tdata[48:64])
                         with m.If(f_cnt == hdr_beats - 1):
                             m.d.sync += f_cnt.eq(0)
                             m.next = "F_CHECK"
@@ -612,7 +634,7 @@ class Accelerator(wiring.Component):
             with fstate("F_CHECK"):
                 bad_op = Signal()
                 bad_shape = Signal()
-                op_ok = []
+                op_ok, cap_bad, stores, store_buf = [], [], [], []
                 for j in range(isa.MAX_OPS):
                     u = ih.ops[j]
                     code = u.as_value()[0:5]
@@ -624,7 +646,30 @@ class Accelerator(wiring.Component):
                     sig = (code == MicroOpcode.SIG.value) | (code == MicroOpcode.SIGNEG.value) | \
                         (code == MicroOpcode.SILU.value)
                     sig_ok = ~sig | (u.shift >= self.lut_segments_log2 - nx.LUT_RANGE_LOG2)
-                    op_ok.append(~used | (buf_ok & (u.shift <= 62) & const_ok & sig_ok & (code <= 15)))
+                    # a store only to X, A, P, STATE_NEW; LD, MULV, ADDV read a buffer (not NONE)
+                    st_ok = (code != MicroOpcode.ST.value) | Cat(*[bufv == b.value for b in (
+                        Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW)]).any()
+                    rd_ok = ~Cat(*[code == o.value for o in (MicroOpcode.LD, MicroOpcode.MULV, MicroOpcode.ADDV)]
+                                 ).any() | (bufv != Buffer.NONE.value)
+                    op_ok.append(~used | (buf_ok & (u.shift <= 62) & const_ok & sig_ok & (code <= 15) & st_ok & rd_ok))
+                    # the elements the program touches in a buffer: n of them (GEMV, LOAD_TOKEN)
+                    acc_buf = Cat(*[code == o.value for o in (MicroOpcode.LD, MicroOpcode.ST, MicroOpcode.MULV,
+                                                              MicroOpcode.ADDV, MicroOpcode.SSQ, MicroOpcode.AMAX)]
+                                  ).any() & (bufv != Buffer.NONE.value)
+                    h_sized = Cat(*[bufv == b.value for b in (Buffer.X, Buffer.STATE_OLD, Buffer.STATE_NEW,
+                                                              Buffer.TOKEN)]).any()
+                    v_sized = (bufv == Buffer.A.value) | (bufv == Buffer.P.value)
+                    cap_bad.append(used & acc_buf & ((h_sized & (ih.n > hidden)) | (v_sized & (ih.n > vmax_img))))
+                    reads = Cat(*[code == o.value for o in (MicroOpcode.LD, MicroOpcode.MULV, MicroOpcode.ADDV,
+                                                            MicroOpcode.SSQ, MicroOpcode.AMAX)]).any()
+                    have = Mux(bufv == Buffer.X.value, w_x, Mux(bufv == Buffer.A.value, w_a, w_p))
+                    xap = (bufv == Buffer.X.value) | v_sized
+                    cap_bad.append(used & reads & ((xap & (ih.n > have))
+                                                   | ((bufv == Buffer.STATE_NEW.value) & ~w_layers.bit_select(
+                                                       ih.layer[:ceil_log2(nl) or 1], 1)
+                                                      if nl > 1 else ~w_layers[0])))
+                    stores.append(used & (code == MicroOpcode.ST.value))
+                    store_buf.append(bufv)
                 # hazard rule: no read of a buffer after a store to it in the same program (docs/ISA.md)
                 hazards = []
                 for j in range(isa.MAX_OPS):
@@ -640,27 +685,47 @@ class Accelerator(wiring.Component):
                 opc = ih.as_value()[0:8]
                 is_gemv = opc == Opcode.GEMV.value
                 kk, nn = ih.k, ih.n
+                is_load = opc == Opcode.LOAD_TOKEN.value
+                srcv = ih.as_value()[64:68]
+                reuse = ih.flags.as_value()[0]
                 m.d.comb += bad_shape.eq(
                     (is_gemv & ((kk == 0) | (kk > self.max_k) | ((kk != hidden) & (kk != inter))
-                                | ((nn != hidden) & (nn != inter) & (nn != vocab)) | (ih.layer >= n_layers)))
-                    | ((opc == Opcode.LOAD_TOKEN.value) & (nn != hidden))
-                    | ((opc == Opcode.END_TOKEN.value) & (f_idx != n_instr_m1)))
-                srcv = ih.as_value()[64:68]
+                                | ((nn != hidden) & (nn != inter) & (nn != vocab))
+                                | ((srcv == Buffer.X.value) & (kk > hidden)) | (reuse & (f_codes_k != kk))))
+                    | (is_load & (nn != hidden))
+                    | ((is_gemv | is_load) & ((ih.layer >= n_layers) | Cat(*cap_bad).any()))
+                    | (is_gemv & ~reuse & (kk > Mux(srcv == Buffer.X.value, w_x,
+                                                    Mux(srcv == Buffer.A.value, w_a, w_p))))
+                    | ((opc == Opcode.END_TOKEN.value) & ((w_layers & layer_mask) != layer_mask))
+                    # END_TOKEN: the last instruction, where image_words says the image ends, and with tlast
+                    | ((opc == Opcode.END_TOKEN.value) & ((f_idx != n_instr_m1) | (f_words + 16 != img_words)
+                                                          | ~f_last)))
+                src_ok = (srcv <= Buffer.TOKEN.value) | ((srcv >= Buffer.C0.value) & (srcv <= Buffer.C3.value)) \
+                    | (srcv == Buffer.NONE.value)
                 # the checks, registered; F_CHECK2 acts on them in the same order of precedence
-                m.d.sync += [chk_opcode.eq((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)),
-                             chk_microop.eq(bad_op | (ih.n_consts > isa.MAX_CONSTS)
+                m.d.sync += [chk_opcode.eq((opc < Opcode.GEMV.value) | (opc > Opcode.END_TOKEN.value)
+                                           | (ih.flags.as_value()[3:] != 0)),
+                             chk_microop.eq(bad_op | (ih.n_consts > isa.MAX_CONSTS) | ~src_ok
                                             | (is_gemv & (srcv != Buffer.X.value) & (srcv != Buffer.A.value)
                                                & (srcv != Buffer.P.value))),
                              chk_shape.eq(bad_shape),
                              chk_truncated.eq(f_last & (opc != Opcode.END_TOKEN.value)),
                              chk_consts.eq((opc != Opcode.END_TOKEN.value) & (const_vecs != 0))]
+                # this program's stores, registered for F_CHECK2's update of the written extents
+                pairs = list(zip(stores, store_buf, strict=True))
+                for b, reg in ((Buffer.X, st_x), (Buffer.A, st_a), (Buffer.P, st_p)):
+                    m.d.sync += reg.eq(Cat(*[st & (sb == b.value) for st, sb in pairs]).any())
+                m.d.sync += st_sn.eq(Cat(*[st & (sb == Buffer.STATE_NEW.value) for st, sb in pairs]).any()
+                                     & (ih.n >= hidden) & (is_gemv | is_load))
                 m.next = "F_CHECK2"
             with fstate("F_CHECK2"):
                 m.d.sync += [cvec.eq(0), cbeat.eq(0), f_cnt.eq(0), f_block_beats.eq(block_beats)]
                 # in precedence order; TRUNCATED: the image ends with this header. The CRC has taken the
                 # header's last beat by now (it runs a cycle behind the stream)
+                # weight_bytes: every channel's block (F_CHECK2 is at least two cycles after the header's first beat)
+                wb_bad = ih.weight_bytes != Mux(ih.as_value()[0:8] == Opcode.GEMV.value, wb_expect, 0)
                 failures = ((~crc_b.match_detected, ErrorCause.INSTR_CRC), (chk_opcode, ErrorCause.UNKNOWN_OPCODE),
-                            (chk_microop, ErrorCause.BAD_MICROOP), (chk_shape, ErrorCause.BAD_SHAPE),
+                            (chk_microop, ErrorCause.BAD_MICROOP), (chk_shape | wb_bad, ErrorCause.BAD_SHAPE),
                             (chk_truncated, ErrorCause.TRUNCATED))
                 for i, (flag, cause) in enumerate(failures):
                     with (m.If if i == 0 else m.Elif)(flag):
@@ -670,6 +735,16 @@ class Accelerator(wiring.Component):
                     m.next = "F_CONSTS"
                 with m.Else():
                     m.next = "F_READY"
+                # the image's words so far (END_TOKEN compares them with image_words); the codes REUSE_CODES reuses
+                m.d.sync += f_words.eq(f_words + 16 + instr_const_words + (ih.weight_bytes >> 2))
+                with m.If((ih.as_value()[0:8] == Opcode.GEMV.value) & ~ih.flags.as_value()[0]):
+                    m.d.sync += f_codes_k.eq(ih.k)
+                for st, reg in ((st_x, w_x), (st_a, w_a), (st_p, w_p)):
+                    with m.If(st & (ih.n > reg)):
+                        m.d.sync += reg.eq(ih.n)
+                with m.If(st_sn):
+                    m.d.sync += w_layers.bit_select(ih.layer[:ceil_log2(nl) or 1], 1).eq(1) if nl > 1 else \
+                        w_layers[0].eq(1)
             with fstate("F_CONSTS"):
                 # into the bank the executing instruction does not read; QC once its quantize pass is over
                 with m.If(~qc_busy):
@@ -726,7 +801,9 @@ class Accelerator(wiring.Component):
                     with m.If(f_err & f_err_now):
                         m.d.sync += [err_cause.eq(f_err_cause), err_where.eq(instr_idx), err.eq(1)]
                         m.next = "ERROR"
-                    with m.If(regs.abort & busy):
+                    # an abort in the cycle the output packet's last word leaves is too late: that token commits
+                    # (a packet that ends normally always means a committed token)
+                    with m.If(regs.abort & busy & ~(out_take & out_last)):
                         m.d.sync += fail(ErrorCause.ABORTED)
                         m.next = "ERROR"
 
@@ -739,9 +816,12 @@ class Accelerator(wiring.Component):
                     m.d.sync += cnt.eq(cnt + 1)
                     with m.Switch(cnt):
                         with m.Case(0):
-                            m.d.sync += [done.eq(0)]
+                            # ERROR_WHERE of the token packet's and the image header's errors (and of an abort
+                            # before the first dispatch): outside any instruction
+                            m.d.sync += [done.eq(0), instr_idx.eq(isa.NO_INSTRUCTION)]
                             with m.If(word != isa.TOKEN_MAGIC):
                                 m.d.sync += fail(ErrorCause.TOKEN_MAGIC)
+                                m.d.sync += err_where.eq(isa.NO_INSTRUCTION)   # instr_idx loads it this cycle
                                 m.next = "ERROR"
                         with m.Case(1):
                             m.d.sync += position.eq(word)
@@ -755,9 +835,17 @@ class Accelerator(wiring.Component):
                                 m.next = "ERROR"
                     with m.If((cnt >= 4) & (cnt < 4 + tok_len)):
                         m.d.comb += [btok.wr.addr.eq(cnt - 4), btok.wr.data.eq(word), btok.wr.en.eq(1)]
+                    # the packet's size: tlast on its last word, and on no word before it (TOKEN_LENGTH)
                     with m.If((cnt > 3) & (cnt == tok_words - 1)):
-                        m.d.sync += cnt.eq(0)
-                        m.next = "TOKEN_WAIT"
+                        with m.If(word_last):
+                            m.d.sync += cnt.eq(0)
+                            m.next = "TOKEN_WAIT"
+                        with m.Else():
+                            m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
+                            m.next = "ERROR"
+                    with m.Elif(word_last & (cnt != 0)):
+                        m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
+                        m.next = "ERROR"
             with state("TOKEN_WAIT"):
                 m.d.comb += [mode_word.eq(1), busy.eq(1)]
                 m.next = "TOKEN_CRC"      # the CRC takes the packet's last word (a cycle behind the stream)
@@ -787,7 +875,9 @@ class Accelerator(wiring.Component):
                 m.d.comb += busy.eq(1)
                 hv = data.View(isa.ImageHeader, img)
                 m.d.sync += [hidden.eq(hv.hidden), inter.eq(hv.intermediate), n_layers.eq(hv.n_layers),
-                             vocab.eq(hv.vocab), n_instr.eq(hv.n_instructions), instr_idx.eq(0)]
+                             vocab.eq(hv.vocab), n_instr.eq(hv.n_instructions), img_words.eq(hv.image_words),
+                             vmax_img.eq(Mux(hv.hidden > hv.intermediate, hv.hidden, hv.intermediate)),
+                             layer_mask.eq((Const(1, nl + 1) << hv.n_layers[:ceil_log2(nl + 1)]) - 1)]
                 with m.If(hv.magic != isa.IMAGE_MAGIC):
                     m.d.sync += fail(ErrorCause.BAD_MAGIC)
                     m.next = "ERROR"
@@ -801,7 +891,7 @@ class Accelerator(wiring.Component):
                             | (hv.hidden == 0) | (hv.hidden > self.max_hidden)
                             | (hv.intermediate == 0) | (hv.intermediate > self.max_intermediate)
                             | (hv.n_layers == 0) | (hv.n_layers > self.max_layers) | (hv.vocab == 0)
-                            | (hv.lut_segments_log2 != self.lut_segments_log2)):
+                            | (hv.lut_segments_log2 != self.lut_segments_log2) | (hv.gate_frac != nx.GATE_FRAC)):
                     m.d.sync += fail(ErrorCause.BAD_SHAPE)
                     m.next = "ERROR"
                 with m.Elif(beat_last & ~beat_full):   # the image ends with its header
@@ -984,6 +1074,16 @@ def block_rows(n, channels: int):
     if channels == 3:
         return ((n + 2) * 43691) >> 17
     return (n + channels - 1) >> (channels - 1).bit_length()
+
+
+def channel_rows(n, channels: int, c: int):
+    """Rows of channel ``c`` in an ``n``-row GEMV, ``ceil((n - c) / channels)`` (0 when ``n <= c``), without a
+    divider (as :func:`block_rows`, which is channel 0's)."""
+    if c == 0:
+        return block_rows(n, channels)
+    if channels == 3:
+        return Mux(n > c, ((n + (2 - c)) * 43691) >> 17, 0)
+    return Mux(n > c, (n + (channels - 1 - c)) >> (channels - 1).bit_length(), 0)
 
 
 def block_sections(blk_plus, trits_per_byte: int):

@@ -10,7 +10,7 @@ from amaranth.lib import data
 
 from host.compiler import CompileOptions, calibrate, compile_model
 from host.devices.golden import GoldenDevice, GoldenMachine, make_token_packet
-from host.image import ImageError, MicroOpSpec, channel_block_bytes, parse_image
+from host.image import BuildLimits, ImageError, MicroOpSpec, channel_block_bytes, parse_image
 from host.model import HGRNBitConfig, random_weights
 from hw import isa
 from hw import numerics as nx
@@ -139,9 +139,34 @@ def test_header_crc(image):
     (("channels",), 0, "0 weight channels"),
     (("hidden",), isa.MAX_HIDDEN + 1, "hidden"),
     (("n_layers",), 0, "n_layers"),
+    (("gate_frac",), nx.GATE_FRAC - 1, f"gate_frac {nx.GATE_FRAC - 1}"),     # fixed by the ISA
 ])
 def test_bad_header_fields(image, path, value, match):
-    _fails(_set(bytearray(image), 0, ImageHeader, path, value), ErrorCause.BAD_SHAPE, match=match)
+    e = _fails(_set(bytearray(image), 0, ImageHeader, path, value), ErrorCause.BAD_SHAPE, match=match)
+    assert e.instruction is None        # ERROR_WHERE: outside any instruction
+
+
+@pytest.mark.parametrize("limits, match", [
+    ({"packing": TritPacking.BITS2}, "the build decodes BITS2"),
+    ({"channels": 2}, "the build has 2"),
+    ({"max_hidden": TINY.hidden_size - 1}, "hidden 38 outside 1..37"),
+    ({"max_intermediate": 32}, "intermediate 54 outside 1..32"),
+    ({"max_layers": 1}, "n_layers 2 outside 1..1"),
+    ({"lut_segments_log2": nx.LUT_SEGMENTS_LOG2 + 1}, "sigmoid LUT"),
+])
+def test_header_against_the_build(image, limits, match):
+    """The ID block's limits (host.image.BuildLimits): what the core's image-header check refuses."""
+    with pytest.raises(ImageError, match=match) as info:
+        parse_image(image, limits=BuildLimits(**limits))
+    assert info.value.cause is ErrorCause.BAD_SHAPE and info.value.instruction is None
+    parse_image(image, limits=BuildLimits(packing=TritPacking.BASE3, channels=1, max_hidden=TINY.hidden_size,
+                                          max_intermediate=TINY.intermediate_size, max_layers=2,
+                                          lut_segments_log2=nx.LUT_SEGMENTS_LOG2))
+
+
+def test_image_of_a_header_only(image):
+    raw = _resize(bytearray(image[:HDR]), HDR)
+    _fails(raw, ErrorCause.TRUNCATED, offset=HDR, match="ends with its header")
 
 
 # --------------------------------------------------------------------------------- instructions
@@ -189,6 +214,20 @@ def test_bad_micro_ops(image, parsed, path, value, match):
            instruction=F_PROJ, offset=ins.offset, match=match)
 
 
+@pytest.mark.parametrize("op, buf, match", [
+    (MicroOpcode.ST, Buffer.TOKEN, "writes read-only TOKEN"),
+    (MicroOpcode.ST, Buffer.C0, "writes read-only C0"),
+    (MicroOpcode.LD, Buffer.NONE, "reads buffer NONE"),
+    (MicroOpcode.ADDV, Buffer.NONE, "reads buffer NONE"),
+])
+def test_micro_op_buffer_use(image, parsed, op, buf, match):
+    """Static: a store to a read-only buffer, a read of NONE (the core checks the header, not the run)."""
+    ins = parsed.instructions[O_PROJ]
+    raw = _set(bytearray(image), ins.offset, InstrHeader, _op(len(ins.ops) - 1, "op"), op.value)
+    raw = _set(raw, ins.offset, InstrHeader, _op(len(ins.ops) - 1, "buf"), buf.value)
+    _fails(raw, ErrorCause.BAD_MICROOP, instruction=O_PROJ, offset=ins.offset, match=match)
+
+
 def test_micro_op_reads_a_missing_constant_vector(image, parsed):
     ins = parsed.instructions[O_PROJ]
     j = next(j for j, op in enumerate(ins.ops) if op.buf in (Buffer.C0, Buffer.C1, Buffer.C2, Buffer.C3))
@@ -206,6 +245,11 @@ def test_micro_op_reads_a_missing_constant_vector(image, parsed):
     (I_PROJ, ("weight_bytes",), 64, "weight section of 64 bytes"),
     (I_PROJ, ("layer",), TINY.num_hidden_layers, "layer 2 of a 2-layer model"),
     (0, ("n",), TINY.hidden_size - 1, "LOAD_TOKEN of 37 elements"),
+    (0, ("layer",), TINY.num_hidden_layers, "layer 2 of a 2-layer model"),
+    (0, ("weight_bytes",), 64, "LOAD_TOKEN with a weight section of 64 bytes"),
+    (I_PROJ, ("flags",), 1, "REUSE_CODES of 38 codes, the previous GEMV formed 0"),   # the first GEMV
+    (I_PROJ, ("k",), TINY.intermediate_size, "GEMV reads 54 elements of X"),
+    (O_PROJ, ("n",), TINY.vocab_size, "53 elements of X"),
 ])
 def test_inconsistent_shapes(image, parsed, index, path, value, match):
     ins = parsed.instructions[index]
@@ -216,7 +260,7 @@ def test_inconsistent_shapes(image, parsed, index, path, value, match):
 def test_end_token_before_the_end(image, parsed):
     ins = parsed.instructions[0]      # LOAD_TOKEN carries constants but no weights: it still parses as END
     raw = _set(bytearray(image), ins.offset, InstrHeader, ("opcode",), Opcode.END_TOKEN.value)
-    _fails(raw, ErrorCause.BAD_SHAPE, instruction=0, offset=ins.offset, match="END_TOKEN before the end")
+    _fails(raw, ErrorCause.BAD_SHAPE, instruction=0, offset=ins.offset, match="END_TOKEN at instruction 0 of")
 
 
 # ------------------------------------------------------------------------------------- truncation
@@ -240,9 +284,11 @@ def _cuts(parsed) -> dict[str, tuple[int, int, int]]:
 @pytest.mark.parametrize("where", ["an instruction header", "the constants", "the weights", "the last weights"])
 def test_truncated_stream(image, parsed, where):
     cut, idx, off = _cuts(parsed)[where]
-    # the header still announces the whole image: the stream ended early
-    _fails(image[:cut], ErrorCause.TRUNCATED, offset=cut, match=f"header says {len(image)} bytes")
-    # a header that agrees with the short image: the parser finds the instruction that is cut
+    # the header still announces the whole image: the stream's end inside the instruction decides (the core
+    # compares image_words only at END_TOKEN)
+    _fails(image[:cut], ErrorCause.TRUNCATED, instruction=idx, offset=off,
+           match=f"ends inside {where.replace('last ', '')}")
+    # a header that agrees with the short image: the same
     raw = _resize(bytearray(image[:cut]), cut)
     _fails(raw, ErrorCause.TRUNCATED, instruction=idx, offset=off, match=f"ends inside {where.replace('last ', '')}")
 
@@ -322,18 +368,28 @@ def test_block_sizes_hold_the_crc_word():
 
 # ------------------------------------------------------------------------------------- the end
 def test_missing_end_token(image, parsed):
+    """n_instructions one short of END_TOKEN: NO_END names the instruction that would follow the last (the
+    core stops before reading END_TOKEN's header); an image cut before END_TOKEN ends inside the LM head."""
     end = parsed.instructions[-1]
+    n = len(parsed.instructions)
     assert end.opcode is Opcode.END_TOKEN and end.offset + INS == len(image)
-    raw = _resize(bytearray(image[:end.offset]), end.offset, len(parsed.instructions) - 1)
-    _fails(raw, ErrorCause.NO_END, offset=end.offset, match="END_TOKEN")
+    raw = _resize(bytearray(image), len(image), n - 1)
+    _fails(raw, ErrorCause.NO_END, instruction=n - 1, offset=end.offset, match="END_TOKEN")
+    raw = _resize(bytearray(image[:end.offset]), end.offset, n - 1)
+    _fails(raw, ErrorCause.TRUNCATED, instruction=n - 2, offset=parsed.instructions[-2].weight_offset,
+           match="ends inside the weights")
 
 
 def test_bytes_after_the_end(image):
+    """Found at END_TOKEN (the core's fetcher sees no tlast on its header, or sums the program's bytes)."""
     extra = bytes(isa.SECTION_BYTES)
-    _fails(image + extra, ErrorCause.BAD_SHAPE, offset=len(image) + len(extra),
-           match=f"header says {len(image)} bytes")
+    end = len(image) - INS
+    idx = len(parse_image(image).instructions) - 1
+    _fails(image + extra, ErrorCause.BAD_SHAPE, instruction=idx, offset=len(image),
+           match=f"{len(extra)} bytes after the last instruction")
     raw = _resize(bytearray(image + extra), len(image) + len(extra))
-    _fails(raw, ErrorCause.BAD_SHAPE, offset=len(image), match=f"{len(extra)} bytes after the last instruction")
+    _fails(raw, ErrorCause.BAD_SHAPE, instruction=idx, offset=end,
+           match=f"the header says {len(image) + len(extra)} bytes, the program ends at {len(image)}")
 
 
 def test_every_cause_of_a_bad_image_is_tested():

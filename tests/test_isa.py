@@ -522,6 +522,15 @@ def _element_program(ops, x, consts, state, table):
     return np.array(logits, np.int64), bufs, best
 
 
+def _prelude() -> Instruction:
+    """X = A = P = 0 and STATE_NEW = STATE_OLD, written by the program (r2 starts at 0): the core does not clear
+    its buffers at a token's start, so a program reads only what it wrote (docs/ISA.md section 5)."""
+    return Instruction(Opcode.LOAD_TOKEN, n=H, ops=[
+        MicroOpSpec(MicroOpcode.ST, a=2, buf=Buffer.X), MicroOpSpec(MicroOpcode.ST, a=2, buf=Buffer.A),
+        MicroOpSpec(MicroOpcode.ST, a=2, buf=Buffer.P), MicroOpSpec(MicroOpcode.LD, dst=1, buf=Buffer.STATE_OLD),
+        MicroOpSpec(MicroOpcode.ST, a=1, buf=Buffer.STATE_NEW)])
+
+
 @settings(max_examples=40, deadline=None)
 @given(ops=st.lists(micro_ops(), min_size=1, max_size=isa.MAX_OPS - 4), data_=st.data())
 def test_golden_epilogue_follows_the_per_element_semantics(ops, data_):
@@ -534,7 +543,7 @@ def test_golden_epilogue_follows_the_per_element_semantics(ops, data_):
     outs = [MicroOpSpec(MicroOpcode.OUT, a=j) for j in range(4)]
     read_back = [MicroOpSpec(MicroOpcode.LD, dst=0, buf=Buffer.X), MicroOpSpec(MicroOpcode.LD, dst=1, buf=Buffer.A),
                  MicroOpSpec(MicroOpcode.LD, dst=2, buf=Buffer.P), *outs[:3]]
-    prog = [Instruction(Opcode.LOAD_TOKEN, n=H, ops=list(ops) + outs, consts=[c0, c1]),
+    prog = [_prelude(), Instruction(Opcode.LOAD_TOKEN, n=H, ops=list(ops) + outs, consts=[c0, c1]),
             Instruction(Opcode.LOAD_TOKEN, n=H, ops=read_back),
             Instruction(Opcode.END_TOKEN)]
     img = assemble(prog, packing=TritPacking.BASE3, channels=1, n_layers=1, hidden=H, intermediate=H, vocab=H,
@@ -558,7 +567,8 @@ def test_golden_epilogue_follows_the_per_element_semantics(ops, data_):
 
 def test_registers_start_at_zero_and_ld_keeps_the_loaded_value():
     """Regression (golden device): r2, r3 start at 0 (they were None), and a register loaded by LD keeps the
-    value it read when a later ST overwrites that buffer element (LD returned a view of the buffer)."""
+    value it read when a later ST overwrites that buffer element (LD returned a view of the buffer). X and A
+    hold the prelude's zeros."""
     x = np.arange(1, H + 1, dtype=np.int64) * 1000
     ops = [MicroOpSpec(MicroOpcode.LD, dst=2, buf=Buffer.X),        # r2 = X = 0 at the start of a token
            MicroOpSpec(MicroOpcode.ST, a=0, buf=Buffer.X),          # X = x; r2 stays 0
@@ -567,8 +577,8 @@ def test_registers_start_at_zero_and_ld_keeps_the_loaded_value():
            MicroOpSpec(MicroOpcode.ADD, dst=1, a=1, b=3),           # r1 = x + 0
            MicroOpSpec(MicroOpcode.OUT, a=1)]
     zero_regs = [MicroOpSpec(MicroOpcode.ADD, dst=0, a=2, b=3), MicroOpSpec(MicroOpcode.OUT, a=0)]
-    prog = [Instruction(Opcode.LOAD_TOKEN, n=H, ops=ops), Instruction(Opcode.LOAD_TOKEN, n=H, ops=zero_regs),
-            Instruction(Opcode.END_TOKEN)]
+    prog = [_prelude(), Instruction(Opcode.LOAD_TOKEN, n=H, ops=ops),
+            Instruction(Opcode.LOAD_TOKEN, n=H, ops=zero_regs), Instruction(Opcode.END_TOKEN)]
     img = assemble(prog, packing=TritPacking.BASE3, channels=1, n_layers=1, hidden=H, intermediate=H, vocab=H,
                    residual_frac=16, state_frac=20, gate_frac=nx.GATE_FRAC, lut_segments_log2=nx.LUT_SEGMENTS_LOG2)
     m = GoldenMachine(img)
@@ -585,6 +595,28 @@ def test_reading_a_buffer_after_storing_to_it_is_rejected():
     with pytest.raises(ImageError, match="reads X after a store") as exc:
         parse_image(img)
     assert exc.value.cause is ErrorCause.BAD_MICROOP and exc.value.instruction == 0
+
+
+@pytest.mark.parametrize("first, match", [
+    ([MicroOpSpec(MicroOpcode.LD, dst=1, buf=Buffer.A)], "reads 7 elements of A, the program wrote 0"),
+    ([MicroOpSpec(MicroOpcode.ADDV, dst=1, buf=Buffer.X)], "reads 7 elements of X, the program wrote 0"),
+    ([MicroOpSpec(MicroOpcode.LD, dst=1, buf=Buffer.STATE_NEW)], "reads STATE_NEW of layer 0 before"),
+])
+def test_reading_what_the_program_did_not_write_is_rejected(first, match):
+    """The core does not clear X, A, P at a token's start, nor copy STATE_OLD to STATE_NEW: an instruction
+    reads only what an earlier one of the token wrote, and END_TOKEN commits only a STATE_NEW written in every
+    layer (BAD_SHAPE, statically: docs/ISA.md section 5)."""
+    def image(prog):
+        return assemble(prog, packing=TritPacking.BASE3, channels=1, n_layers=1, hidden=H, intermediate=H, vocab=H,
+                        residual_frac=16, state_frac=20, gate_frac=nx.GATE_FRAC, lut_segments_log2=nx.LUT_SEGMENTS_LOG2)
+    with pytest.raises(ImageError, match=match) as exc:
+        parse_image(image([Instruction(Opcode.LOAD_TOKEN, n=H, ops=first), _prelude(), Instruction(Opcode.END_TOKEN)]))
+    assert exc.value.cause is ErrorCause.BAD_SHAPE and exc.value.instruction == 0
+    parse_image(image([_prelude(), Instruction(Opcode.LOAD_TOKEN, n=H, ops=first), Instruction(Opcode.END_TOKEN)]))
+    with pytest.raises(ImageError, match="commits STATE_NEW of layer 0") as exc:
+        parse_image(image([Instruction(Opcode.LOAD_TOKEN, n=H, ops=[MicroOpSpec(MicroOpcode.ST, buf=Buffer.X)]),
+                           Instruction(Opcode.END_TOKEN)]))
+    assert exc.value.cause is ErrorCause.BAD_SHAPE and exc.value.instruction == 1
 
 
 # ------------------------------------------------------------------------------------------ docs/ISA.md

@@ -21,7 +21,18 @@ from typing import Any
 import numpy as np
 
 from host.devices.base import Device
-from host.image import ImageError, ParsedImage, channel_rows, parse_image
+from host.image import (
+    BuildLimits,
+    ImageError,
+    ParsedImage,
+    channel_block_bytes,
+    channel_rows,
+    check_block_crcs,
+    check_block_trits,
+    check_image_header,
+    iter_instructions,
+    parse_image,
+)
 from host.model import ModelWeights
 from host.perf import BuildParams, token_counters
 from hw import isa
@@ -29,7 +40,7 @@ from hw import numerics as nx
 from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputTrailer, TokenHeader
 
 __all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "make_output_packet",
-           "parse_output_packet", "OutputPacket"]
+           "parse_output_packet", "OutputPacket", "check_token_packet", "run_stream", "StreamOutcome"]
 
 M = MicroOpcode
 _BASE3 = isa.BASE3_DECODE.astype(np.int32)
@@ -127,6 +138,38 @@ def _seal(raw: bytes) -> bytes:
     """Zero-pad to whole sections with room for the CRC word, which goes last."""
     raw = raw + bytes(isa.section_pad(len(raw) + 4))
     return raw + isa.crc32_words(raw).to_bytes(4, "little")
+
+
+def check_token_packet(packet: bytes, max_hidden: int = isa.MAX_HIDDEN) -> tuple[np.ndarray, int, int]:
+    """A token packet's own checks, in the core's order (docs/ISA.md section 5): magic (word 0), ``length``
+    (word 3: 1..``max_hidden``, the build's), the packet's size (``tlast`` on the last word of a packet of
+    ``16 + 4 length + 4`` bytes padded to sections), CRC. Its length against the image's hidden size is
+    checked after the image header.
+
+    Returns
+    -------
+    (x, flags, position): int64 [length], int, int
+
+    Raises
+    ------
+    ImageError
+        TOKEN_MAGIC, TOKEN_LENGTH, TOKEN_CRC (no instruction).
+    """
+    hb = isa.layout_bytes(TokenHeader)
+    if len(packet) >= 4 and int.from_bytes(packet[:4], "little") != isa.TOKEN_MAGIC:
+        raise ImageError(ErrorCause.TOKEN_MAGIC, f"token packet magic 0x{int.from_bytes(packet[:4], 'little'):08x}")
+    if len(packet) < hb:
+        raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {len(packet)} bytes")
+    h = isa.unpack(TokenHeader, packet[:hb])
+    if not 1 <= h.length <= max_hidden:
+        raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {h.length} words (1..{max_hidden})")
+    if len(packet) != _packet_bytes(h.length, hb):
+        raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {len(packet)} bytes, its {h.length} words "
+                         f"need {_packet_bytes(h.length, hb)}")
+    if isa.crc32_words(packet[:-4]) != int.from_bytes(packet[-4:], "little"):
+        raise ImageError(ErrorCause.TOKEN_CRC, "token packet CRC mismatch")
+    x = np.frombuffer(packet[hb:hb + 4 * h.length], dtype="<i4").astype(np.int64)
+    return x, h.flags, h.position
 
 
 def _packet_bytes(payload_words: int, header_bytes: int) -> int:
@@ -230,9 +273,6 @@ class GoldenMachine:
         self._counters, self._totals = token_counters(self.image.instructions, self.info, self.build)
         self._nonzero: list[int] | None = None
         self._nonzero_total = sum(self.nonzero_trits())   # an activity count for the power estimate
-        self._cap = {Buffer.X: self.info.hidden, Buffer.A: max(self.info.hidden, self.info.intermediate),
-                     Buffer.P: max(self.info.hidden, self.info.intermediate), Buffer.STATE_OLD: self.info.hidden,
-                     Buffer.STATE_NEW: self.info.hidden, Buffer.TOKEN: self.info.hidden}
 
     @property
     def image_bytes(self) -> int:
@@ -275,10 +315,35 @@ class GoldenMachine:
             TOKEN_MAGIC, TOKEN_LENGTH, TOKEN_CRC, or an error met while executing (BAD_SHAPE).
         """
         info = self.info
-        token, flags, position = self._parse_token(packet)
+        token, flags, position = check_token_packet(packet, isa.MAX_HIDDEN)
+        if token.size != info.hidden:
+            raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {token.size} words, the image's hidden "
+                             f"size is {info.hidden}")
         state = np.asarray(state, dtype=np.int64)
         if state.shape != (info.n_layers, info.hidden):
             raise ValueError(f"state must have shape {(info.n_layers, info.hidden)}, got {state.shape}")
+        tr: dict[str, list[np.ndarray]] | None = {"r0": []} if trace else None
+        output, new_state = _Executor(info, self.table, self._lut, self._per_byte).run(
+            iter(self.image.instructions), token, flags, position, state, tr)
+        total = dict(self._totals)
+        total[Counter.NONZERO_TRITS] = self._nonzero_total
+        return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
+                           trace=tr)
+
+class _Executor:
+    """Runs checked instructions one after the other (the machine of docs/ISA.md section 3), so that an error
+    met in instruction ``i`` (raised by the iterator that checks them, or while running) leaves what the core
+    would have sent: :attr:`sent` holds the logit vectors already streamed."""
+
+    def __init__(self, info, table, lut, per_byte):
+        self.info, self.table, self._lut, self._per_byte = info, table, lut, per_byte
+        self.sent: list[np.ndarray] = []
+        self.late: dict[int, ImageError] = {}   #: errors of an instruction's weights, by instruction index
+        self.want_logits = False
+        self.in_logits = False      #: the error came while the LM head's GEMV streamed (its logits are in sent)
+
+    def run(self, instructions, token, flags, position, state, tr=None) -> tuple[bytes, np.ndarray]:
+        info = self.info
         vmax = max(info.hidden, info.intermediate)
         bufs = {Buffer.X: np.zeros(info.hidden, np.int64), Buffer.A: np.zeros(vmax, np.int64),
                 Buffer.P: np.zeros(vmax, np.int64), Buffer.TOKEN: token}
@@ -286,22 +351,17 @@ class GoldenMachine:
         regs = [0] * 8
         codes = np.zeros(0, np.int32)
         scale = (0, 0)
-        argmax, max_acc, logits = 0, 0, []
+        argmax, max_acc, logits = 0, 0, self.sent
+        self.want_logits = bool(flags & 1)
         out_scale = (0, 0)
-        tr: dict[str, list[np.ndarray]] | None = {"r0": []} if trace else None
         gemv, _ = _kernels()
-        for idx, ins in enumerate(self.image.instructions):
+        for idx, ins in enumerate(instructions):
             where = {"instruction": idx, "offset": ins.offset}
             if ins.opcode is Opcode.END_TOKEN:
                 break
             if ins.opcode is Opcode.GEMV:
-                if InstrFlags.REUSE_CODES not in ins.flags or codes.size != ins.k:
-                    if InstrFlags.REUSE_CODES in ins.flags:
-                        raise ImageError(ErrorCause.BAD_SHAPE, "REUSE_CODES without codes of this length", **where)
+                if InstrFlags.REUSE_CODES not in ins.flags:
                     src = bufs[ins.src][: ins.k]
-                    if ins.k > self._cap[ins.src]:
-                        raise ImageError(ErrorCause.BAD_SHAPE, f"GEMV reads {ins.k} elements of {ins.src.name}",
-                                         **where)
                     w = nx.mul(src, ins.qconst, ins.q_shift) if ins.qconst is not None else src
                     a = regs[ins.amax_reg]
                     codes = nx.quantize(w, *nx.quant_recip(a)).astype(np.int32)
@@ -319,33 +379,18 @@ class GoldenMachine:
                 r = [token, token, np.zeros(ins.n, np.int64), np.zeros(ins.n, np.int64)]
             if tr is not None:
                 tr["r0"].append(r[0].copy())
+            self.in_logits = InstrFlags.LOGITS in ins.flags
             argmax, max_acc = self._epilogue(ins, r, bufs, state, new_state, regs, logits, (argmax, max_acc),
                                              where)
+            self.in_logits = False
+            if idx in self.late:
+                raise self.late[idx]          # found in its weights: after its epilogue ran (see run_stream)
         else:
             raise ImageError(ErrorCause.NO_END, "the program ran off its end")
-        want_logits = bool(flags & 1)
-        acc_out = np.concatenate(logits) if (logits and want_logits) else np.zeros(0, np.int64)
+        acc_out = np.concatenate(logits) if (logits and self.want_logits) else np.zeros(0, np.int64)
         output = make_output_packet(acc_out, position=position, argmax=argmax, max_acc=max_acc,
                                     scale_mant=out_scale[0], scale_shift=out_scale[1])
-        total = dict(self._totals)
-        total[Counter.NONZERO_TRITS] = self._nonzero_total
-        return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
-                           trace=tr)
-
-    def _parse_token(self, packet: bytes) -> tuple[np.ndarray, int, int]:
-        hb = isa.layout_bytes(TokenHeader)
-        if len(packet) < hb + 4:
-            raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {len(packet)} bytes")
-        h = isa.unpack(TokenHeader, packet)
-        if h.magic != isa.TOKEN_MAGIC:
-            raise ImageError(ErrorCause.TOKEN_MAGIC, f"token packet magic 0x{h.magic:08x}")
-        if h.length != self.info.hidden or len(packet) != _packet_bytes(h.length, hb):
-            raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {h.length} words ({len(packet)} bytes), "
-                             f"the image's hidden size is {self.info.hidden}")
-        if isa.crc32_words(packet[:-4]) != int.from_bytes(packet[-4:], "little"):
-            raise ImageError(ErrorCause.TOKEN_CRC, "token packet CRC mismatch")
-        x = np.frombuffer(packet[hb:hb + 4 * h.length], dtype="<i4").astype(np.int64)
-        return x, h.flags, h.position
+        return output, new_state
 
     def _epilogue(self, ins, r, bufs, state, new_state, regs, logits, best, where) -> tuple[int, int]:
         n = ins.n
@@ -421,6 +466,93 @@ class GoldenMachine:
             elif o is M.OUT:
                 logits.append(np.array(a, copy=True))
         return argmax, max_acc
+
+
+
+# ------------------------------------------------------------------------------------------- streams
+@dataclass
+class StreamOutcome:
+    """What the core does with one token packet and one image stream (:func:`run_stream`).
+
+    Attributes
+    ----------
+    cause : ErrorCause
+        ``NONE`` when the token completed.
+    where : int
+        ``ERROR_WHERE``: the instruction in which the error was found, :data:`hw.isa.NO_INSTRUCTION` for the
+        token packet and the image header (meaningless when ``cause`` is ``NONE``).
+    output : bytes
+        The words the core sends: the output packet; after an error, the logits already streamed and
+        :data:`hw.isa.OUTPUT_ABORT_WORD`, or nothing when no word had left.
+    state : ndarray, int64 [L, H]
+        The committed state afterwards (the one passed in, after an error).
+    partial : bool
+        The error was found while the LM head streamed its logits (a ``BAD_TRIT`` in its weights): the core
+        sends a prefix of ``output``'s logits, then the abort word (how many depends on its pipeline).
+    """
+
+    cause: ErrorCause
+    where: int
+    output: bytes
+    state: np.ndarray
+    partial: bool = False
+
+
+def run_stream(image: bytes, packet: bytes, state: np.ndarray, limits: BuildLimits) -> StreamOutcome:
+    """The golden device on raw, possibly malformed input: one token packet, one image (all channels' bytes
+    in image order), the committed state, in the order the core checks and runs them (docs/ISA.md section 5):
+    the token packet (:func:`check_token_packet`), the image header against the build
+    (:func:`host.image.check_image_header`), the token's length against ``hidden``, then each instruction's
+    checks (:func:`host.image.iter_instructions`) followed by its run; an instruction's invalid trits
+    (``BAD_TRIT``) and then its blocks' CRC words (``WEIGHT_CRC``) stop the token once it has run (what an LM
+    head streamed has left). A pure function: the oracle of the malformed-input contract
+    (``tests/test_contract.py``).
+    """
+    state = np.asarray(state, dtype=np.int64)
+    mv = memoryview(bytes(image))
+    ex: _Executor | None = None
+    partial: set[int] = set()
+    try:
+        token, flags, position = check_token_packet(packet, limits.max_hidden)
+        info = check_image_header(mv, limits)
+        if token.size != info.hidden:
+            raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {token.size} words, the image's hidden "
+                             f"size is {info.hidden}")
+        if state.ndim != 2 or state.shape[1] != info.hidden:
+            raise ValueError(f"state must have shape [layers, {info.hidden}], got {state.shape}")
+        # the core's state memory holds the build's layers: a header with another n_layers reads the same rows
+        rows = state.shape[0]
+        work = np.zeros((max(rows, info.n_layers), info.hidden), np.int64)
+        work[:rows] = state
+        lut, per = (_BASE3, 5) if info.packing is isa.TritPacking.BASE3 else (_BITS2, 4)
+        ex = _Executor(info, nx.sigmoid_table(info.lut_segments_log2, info.gate_frac), lut, per)
+
+        def checked():
+            for idx, ins in enumerate(iter_instructions(mv, info, check_trits=False)):
+                if ins.opcode is Opcode.GEMV:
+                    sizes = channel_block_bytes(ins.n, ins.k, info.channels, info.packing)
+                    try:
+                        start = ins.weight_offset
+                        for c, blk in enumerate(ins.blocks):
+                            check_block_trits(blk, channel_rows(ins.n, info.channels, c) * ins.k, info.packing,
+                                              start, idx)
+                            start += sizes[c]
+                        check_block_crcs(mv[ins.weight_offset:start], sizes, ins.weight_offset, idx)
+                    except ImageError as e:
+                        ex.late[idx] = e
+                        if e.cause is ErrorCause.BAD_TRIT and InstrFlags.LOGITS in ins.flags:
+                            partial.add(idx)
+                yield ins
+
+        output, new_state = ex.run(checked(), token, flags, position, work)
+        return StreamOutcome(ErrorCause.NONE, 0, output, new_state[:rows])
+    except ImageError as e:
+        where = isa.NO_INSTRUCTION if e.instruction is None else e.instruction
+        words = b""
+        if ex is not None and ex.want_logits and ex.sent:
+            words = nx.sat32(np.concatenate(ex.sent)).astype("<i4").tobytes()
+            words += isa.OUTPUT_ABORT_WORD.to_bytes(4, "little")
+        return StreamOutcome(e.cause, where, words, state.copy(), partial=where in partial)
 
 
 # ------------------------------------------------------------------------------------------- device

@@ -134,6 +134,8 @@ class TokenRun:
         whatever else runs on the machine).
     per_instruction : list of dict[Counter, int]
         Counter increments per instruction when profiled (see :meth:`Harness.run_token`), else empty.
+    end_cycle : int
+        Cycles from the token's first cycle to the output word with ``tlast`` (0: none left).
     """
 
     output: bytes
@@ -142,15 +144,18 @@ class TokenRun:
     wall_ns: int
     cpu_ns: int = 0
     per_instruction: list[dict[Counter, int]] = field(default_factory=list)
+    end_cycle: int = 0
 
 
 class HarnessError(DeviceError):
     """A token the core did not finish: ``kind`` 1 (the core's error: ``cause``, ``where``) or 2 (timeout:
-    the core was reset and its state is lost)."""
+    the core was reset and its state is lost). ``output``: the words the core sent before it stopped (a cut
+    packet ends with :data:`hw.isa.OUTPUT_ABORT_WORD`); ``end_cycle`` as :attr:`TokenRun.end_cycle`."""
 
-    def __init__(self, message: str, kind: int, cause: ErrorCause | int = 0, where: int = 0):
+    def __init__(self, message: str, kind: int, cause: ErrorCause | int = 0, where: int = 0, output: bytes = b"",
+                 end_cycle: int = 0):
         super().__init__(message)
-        self.kind, self.cause, self.where = kind, cause, where
+        self.kind, self.cause, self.where, self.output, self.end_cycle = kind, cause, where, output, end_cycle
 
 
 class Harness:
@@ -234,7 +239,12 @@ class Harness:
         """Hard reset of the core (``rst``): zero state (the committed state reads as zero), zero counters."""
         self._request(b"R")
 
-    def run_token(self, packet: bytes, *, dump: bool = False, profile: bool = False) -> TokenRun:
+    def load_streams(self, streams: Sequence[bytes]) -> None:
+        """Replace the image's per-channel byte streams (any bytes, whole beats: malformed images too)."""
+        self._request(b"I", b"".join(struct.pack("<I", len(s)) + bytes(s) for s in streams))
+
+    def run_token(self, packet: bytes, *, dump: bool = False, profile: bool = False,
+                  abort_at: int | None = None, end_cycle: bool = False) -> TokenRun:
         """Run one token packet through the core.
 
         Parameters
@@ -249,14 +259,22 @@ class Harness:
             INSTRUCTIONS counter moves (an instruction completed; END_TOKEN at its commit), and once more
             after the commit if anything counted since the last boundary (a core that does not count
             END_TOKEN in INSTRUCTIONS).
+        abort_at : int, optional
+            Start an AXI4-Lite write of ``hw.isa.Ctrl.ABORT`` this many cycles after the token's first cycle
+            (the strobe reaches the core about three cycles later).
+        end_cycle : bool
+            Report :attr:`TokenRun.end_cycle` (always with ``abort_at``); off by default, so that harnesses
+            built before it existed still answer (``bench/bench_rtl.py --versus``).
 
         Raises
         ------
         HarnessError
             The core stopped the token (``STATUS.error``: the cause and instruction) or it timed out.
         """
-        flags = (1 if dump else 0) | (2 if profile else 0)
-        code, body = self._request(b"T", struct.pack("<I", flags) + packet)
+        want_end = end_cycle or abort_at is not None
+        flags = (1 if dump else 0) | (2 if profile else 0) | (4 if abort_at is not None else 0) | (8 if want_end else 0)
+        head = struct.pack("<I", flags) + (struct.pack("<I", abort_at) if abort_at is not None else b"")
+        code, body = self._request(b"T", head + packet)
         kind, cycles, wall_ns, cpu_ns, status, cause, where, ncnt = struct.unpack_from("<IQQQIIII", body)
         pos = struct.calcsize("<IQQQIIII")
         vals = struct.unpack_from(f"<{ncnt}Q", body, pos)
@@ -269,6 +287,10 @@ class Harness:
         pos += 4
         msg = body[pos:pos + mlen].decode(errors="replace")
         pos += mlen
+        end_cycle = 0
+        if want_end:
+            (end_cycle,) = struct.unpack_from("<Q", body, pos)
+            pos += 8
         per: list[dict[Counter, int]] = []
         if pos < len(body):
             (ninstr,) = struct.unpack_from("<I", body, pos)
@@ -283,10 +305,10 @@ class Harness:
                 except ValueError:
                     name = f"cause {cause}"
                 raise HarnessError(f"device 'rtl': the core stopped the token with {name} at instruction {where} "
-                                   f"({msg}); its committed state is unchanged", kind, cause, where)
+                                   f"({msg}); its committed state is unchanged", kind, cause, where, out, end_cycle)
             raise HarnessError(f"device 'rtl': {msg}", kind)
         return TokenRun(output=out, counters=counters, cycles=cycles, wall_ns=wall_ns, cpu_ns=cpu_ns,
-                        per_instruction=per)
+                        per_instruction=per, end_cycle=end_cycle)
 
     def close(self) -> None:
         """Stop the process and delete its stream files; idempotent."""

@@ -4,7 +4,7 @@
 (1) every micro-op alone on random inputs (saturation edges, negative and huge dequantization shifts,
 sigmoid tails beyond +-16) against the hw.numerics formulas; (2) every program the compiler emits for a
 tiny model (both output gates; the released gate's g_proj reduces twice into one register) against
-``GoldenMachine._epilogue`` (a pure function of its arguments), with random accumulators, buffers and
+``host.devices.golden._Executor._epilogue`` (a pure function of its arguments), with random accumulators, buffers and
 state, and scales formed as the scalar unit would from the statistic with its epsilon term
 (``ssq_with_bias``), some of low-energy inputs; each with and without input idles and logits backpressure,
 in the pipelined and the folded form.
@@ -23,7 +23,7 @@ from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
 from host.compiler import CompileOptions, compile_program
-from host.devices.golden import GoldenMachine
+from host.devices.golden import _Executor
 from host.image import MicroOpSpec
 from host.model import HGRNBitConfig, random_weights
 from hw import numerics as nx
@@ -69,7 +69,7 @@ class Case:
     s_shift: int = 0
     n_ops: int | None = None          # default len(ops); ops beyond it are garbage the unit must ignore
     layer: int = 0
-    golden: bool = True               # compare with GoldenMachine._epilogue
+    golden: bool = True               # compare with the golden epilogue
     expect: dict = dataclasses.field(default_factory=dict)   # "logits", "regs" {k: v}, "argmax", Buffer: arr
     saturate_acc: dict | None = None  # white box: {stage: value} preset into stage accumulators after start
 
@@ -266,7 +266,7 @@ def program_cases(rng, output_gate):
 
 # ------------------------------------------------------------------------------------ the oracle
 class GoldenState:
-    """Reduction registers and argmax carried across instructions, updated by GoldenMachine._epilogue."""
+    """Reduction registers and argmax carried across instructions, updated by the golden epilogue."""
 
     def __init__(self, seg):
         self.machine = SimpleNamespace(table=nx.sigmoid_table(seg),
@@ -292,7 +292,7 @@ class GoldenState:
         state[case.layer] = case.mem[Buffer.STATE_OLD]
         new_state[case.layer] = case.mem[Buffer.STATE_NEW]
         logits = []
-        self.best = GoldenMachine._epilogue(self.machine, ins, r, bufs, state, new_state, self.regs, logits,
+        self.best = _Executor._epilogue(self.machine, ins, r, bufs, state, new_state, self.regs, logits,
                                             self.best, {})
         after = {b: a.copy() for b, a in case.mem.items()}
         after.update(bufs)

@@ -26,13 +26,18 @@
 //   request  = u8 command, u32 length, payload[length]
 //   reply    = u8 code ('K' ok, 'E' token failed, 'X' bad request), u32 length, payload[length]
 //   'T'  run a token.   payload: u32 flags (bit 0: dump a waveform of this token, bit 1: profile it per
-//        instruction), token packet bytes.
+//        instruction, bit 2: write CTRL.abort during it, bit 3: report end_cycle), with bit 2 a u32 cycle (the
+//        harness starts the AXI4-Lite write of hw.isa.Ctrl.ABORT that many cycles after the token's first
+//        cycle), token packet bytes.
 //        reply payload: u32 kind (0 ok, 1 core error, 2 timeout), u64 cycles, u64 wall_ns, u64 cpu_ns,
 //                       u32 status, u32 error_cause, u32 error_where, u32 n_counters,
 //                       n_counters x u64 (counter increments of this token, hw.isa.Counter order),
 //                       u32 out_len, out bytes (the output packet), u32 msg_len, msg (what went wrong),
+//                       with bit 3: u64 end_cycle (cycles from the token's first cycle to the output word with
+//                       tlast; 0: none),
 //                       and when profiled: u32 n_instr, n_instr x n_counters x u64 (increments per instruction)
 //   'R'  hard reset (rst for 4 cycles): zeroes the recurrent state and the counters.  reply: u64 cycle
+//   'I'  replace the image streams.  payload: per channel u32 length, bytes (whole beats).  reply: empty
 //   'r'  AXI4-Lite read.  payload: u32 addr.  reply: u32 data
 //   'w'  AXI4-Lite write. payload: u32 addr, u32 data.  reply: empty
 //   'Q'  quit.  reply: empty
@@ -298,7 +303,7 @@ struct Harness {
     // ------------------------------------------------------------------ one token
     struct Result {
         uint32_t kind = 0, status = 0, cause = 0, where = 0;
-        uint64_t cycles = 0, wall_ns = 0, cpu_ns = 0;
+        uint64_t cycles = 0, wall_ns = 0, cpu_ns = 0, end_cycle = 0;
         uint64_t counters[kNumCounters] = {};
         std::string msg;
     };
@@ -311,7 +316,15 @@ struct Harness {
         }
     }
 
-    Result run_token(const std::vector<uint8_t>& packet, bool dump, bool prof) {
+    // Finish an AXI4-Lite transaction started without waiting (the abort write), so that the next one can start.
+    void finish_axil() {
+        for (int i = 0; i < 64 && ax.kind != 0; ++i) {
+            tick();
+            if (ax.done) ax.kind = 0;
+        }
+    }
+
+    Result run_token(const std::vector<uint8_t>& packet, bool dump, bool prof, int64_t abort_at = -1) {
         Result res;
         profile.clear();
         if (prof) profile.push_back(snapshot());
@@ -356,7 +369,15 @@ struct Harness {
             }
         };
         while (!out_last) {
+            if (abort_at >= 0 && cycle - start == uint64_t(abort_at)) {
+                ax = AxiRequest{};       // CTRL.abort, written while the streams run (the loop ticks it through)
+                ax.kind = 2;
+                ax.addr = kCtrl;
+                ax.data = 2;             // hw.isa.Ctrl.ABORT
+            }
             tick();
+            if (ax.kind != 0 && ax.done) ax.kind = 0;
+            if (out_last) res.end_cycle = cycle - start;
             if (progress) last_progress = cycle;
             boundary();
             if (!first_taken && feed[0].taken() > 0) {
@@ -366,6 +387,7 @@ struct Harness {
             // irq = done | error; `done` of the previous token clears two cycles after the first word
             if (first_taken && cycle - first_cycle > 4 && top->irq) {
                 idle_streams();   // no beat may be taken while the register reads clock the core
+                finish_axil();
                 uint32_t st = axil_read(kStatus);
                 if (st & 4) {
                     res.kind = 1;
@@ -400,6 +422,7 @@ struct Harness {
             }
         }
         idle_streams();
+        finish_axil();
         if (res.kind == 0) {
             // the commit (done) follows the trailer's last word within a few cycles
             for (int i = 0; i < 16 && !top->irq; ++i) {
@@ -411,14 +434,26 @@ struct Harness {
             tick();
             boundary();
             res.cycles = cycle - start;
-            // a core that does not count END_TOKEN in INSTRUCTIONS: what counted since the last boundary is
-            // END_TOKEN's (a core that does has counted nothing since its commit)
-            if (prof) {
-                Snapshot s = snapshot();
-                if (std::memcmp(s.v, profile.back().v, sizeof s.v) != 0) profile.push_back(s);
+            uint32_t st = axil_read(kStatus);
+            if (st & 4) {   // an error that closed the output packet (hw.isa.OUTPUT_ABORT_WORD with tlast)
+                res.kind = 1;
+                res.status = st;
+                res.cause = axil_read(kErrorCause);
+                res.where = axil_read(kErrorWhere);
+                res.msg = "the core stopped the token (STATUS.error) after its output packet was cut";
+                axil_write(kCtrl, 1);
+                for (int i = 0; i < 4; ++i) tick();
+                read_counters(res);
+            } else {
+                // a core that does not count END_TOKEN in INSTRUCTIONS: what counted since the last boundary is
+                // END_TOKEN's (a core that does has counted nothing since its commit)
+                if (prof) {
+                    Snapshot s = snapshot();
+                    if (std::memcmp(s.v, profile.back().v, sizeof s.v) != 0) profile.push_back(s);
+                }
+                res.status = st;
+                read_counters(res);
             }
-            res.status = axil_read(kStatus);
-            read_counters(res);
         } else {
             res.cycles = cycle - start;
             if (res.kind == 1) read_counters(res);
@@ -562,8 +597,20 @@ int main(int argc, char** argv) {
                 }
                 uint32_t flags;
                 std::memcpy(&flags, payload.data(), 4);
-                std::vector<uint8_t> packet(payload.begin() + 4, payload.end());
-                auto r = h.run_token(packet, flags & 1, flags & 2);
+                size_t at = 4;
+                int64_t abort_at = -1;
+                if (flags & 4) {
+                    if (len < 8) {
+                        reply('X', w);
+                        break;
+                    }
+                    uint32_t a;
+                    std::memcpy(&a, payload.data() + 4, 4);
+                    abort_at = a;
+                    at = 8;
+                }
+                std::vector<uint8_t> packet(payload.begin() + at, payload.end());
+                auto r = h.run_token(packet, flags & 1, flags & 2, abort_at);
                 w.u32(r.kind);
                 w.u64(r.cycles);
                 w.u64(r.wall_ns);
@@ -577,12 +624,40 @@ int main(int argc, char** argv) {
                 w.bytes(h.out_words.data(), 4 * h.out_words.size());
                 w.u32(uint32_t(r.msg.size()));
                 w.bytes(r.msg.data(), r.msg.size());
+                if (flags & 8) w.u64(r.end_cycle);
                 if ((flags & 2) && r.kind == 0) {
                     w.u32(uint32_t(h.profile.size() - 1));
                     for (size_t i = 1; i < h.profile.size(); ++i)
                         for (int k = 0; k < kNumCounters; ++k) w.u64(h.profile[i].v[k] - h.profile[i - 1].v[k]);
                 }
                 reply(r.kind ? 'E' : 'K', w);
+                break;
+            }
+            case 'I': {
+                std::vector<std::vector<uint8_t>> streams;
+                size_t at = 0;
+                bool ok = true;
+                for (int c = 0; c < CHANNELS && ok; ++c) {
+                    uint32_t n;
+                    if (at + 4 > len) {
+                        ok = false;
+                        break;
+                    }
+                    std::memcpy(&n, payload.data() + at, 4);
+                    at += 4;
+                    if (at + n > len || n % kBeatBytes) {
+                        ok = false;
+                        break;
+                    }
+                    streams.emplace_back(payload.begin() + at, payload.begin() + at + n);
+                    at += n;
+                }
+                if (!ok || at != len) {
+                    reply('X', w);
+                    break;
+                }
+                h.image = std::move(streams);
+                reply('K', w);
                 break;
             }
             case 'R':
