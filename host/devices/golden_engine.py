@@ -190,18 +190,19 @@ def _define():
                     table[g, b, q] = one[256 * g + b]
 
     @njit(cache=True, nogil=True, parallel=True)
-    def gemv_batch(w, woff, n, ng, table, acc):
-        """acc[q, r] = sum_g table[g, w[woff + r ng + g], q] for the B code vectors q (one pass over w)."""
-        nb = table.shape[2]
+    def gemv_batch(w, woff, n, ng, table, nb, acc):
+        """acc[q, r] = sum_g table[(256 g + w[woff + r ng + g]) nb + q] for the nb code vectors q: one pass over
+        the weights from memory (a row's bytes stay in L1 while the nb sums run over them; the table of
+        :func:`build_table_batch`, flattened)."""
         for r in prange(n):
             row = w[woff + r * ng: woff + (r + 1) * ng]
-            s = np.zeros(nb, np.int32)
-            for g in range(ng):
-                tg = table[g, row[g]]
-                for q in range(nb):
-                    s[q] += tg[q]
             for q in range(nb):
-                acc[q, r] = s[q]
+                s = 0
+                tb = q
+                for g in range(ng):
+                    s += table[tb + row[g] * nb]
+                    tb += 256 * nb
+                acc[q, r] = s
 
     @njit(cache=True, nogil=True)
     def sigmoid1(x, in_frac, sig, seg):
@@ -485,7 +486,7 @@ def gemv_batch(rows: np.ndarray, codes: np.ndarray) -> np.ndarray:
         raise ValueError(f"{codes.shape[1]} codes for rows of {ng} bytes")
     table = build_table_batch(codes)
     acc = np.zeros((codes.shape[0], n), np.int32)
-    _kernels()["gemv_batch"](rows.reshape(-1), 0, n, ng, table, acc)
+    _kernels()["gemv_batch"](rows.reshape(-1), 0, n, ng, table.reshape(-1), codes.shape[0], acc)
     return acc.astype(np.int64)
 
 
