@@ -63,7 +63,10 @@ DEVICES = {
     "golden": "host.devices.golden.GoldenDevice (integer ISS, numba prange GEMV on packed trits)",
     "golden_1thread": "GoldenDevice with numba.set_num_threads(1)",
     "engine": "host.devices.golden_engine.GoldenEngine behind GoldenDevice's packets (bit-exact; whole token in "
-              "one numba function, table-lookup GEMV), numba's default threads",
+              "one numba function, table-lookup GEMV), numba's default threads, parallel=None (the thread pool only "
+              "while it is measured faster)",
+    "engine_pool": "the engine with numba's default threads and parallel=True (every GEMV group of 2**20 trits or "
+                   "more split over the threads, whatever it costs)",
     "engine_1thread": "the engine with numba.set_num_threads(1)",
     "reference": "host.devices.reference.ReferenceDevice (float32 numpy, float32 trits, BLAS GEMV)",
     "torch": "bench/torch_hgrn.py TorchHGRNBit on CPU, float32 dense weights, eager"}
@@ -105,11 +108,11 @@ class EngineDevice:
 
     name = "engine"
 
-    def __init__(self, golden) -> None:
+    def __init__(self, golden, parallel: bool | None = None) -> None:
         from host.devices.golden_engine import GoldenEngine
 
         self.golden = golden
-        self.engine = GoldenEngine(golden.machine.image)
+        self.engine = GoldenEngine(golden.machine.image, parallel=parallel)
         self.state = golden.machine.init_state()
         self.position = 0
 
@@ -218,17 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     gold1 = GoldenDevice()
     gold1.options = gold.options
     gold1.load(weights)
-    eng, eng1 = EngineDevice(gold), EngineDevice(gold)
+    eng, eng1, engp = EngineDevice(gold), EngineDevice(gold), EngineDevice(gold, parallel=True)
     ref = ReferenceDevice()
     ref.load(weights)
     tdev = TorchDevice(weights)
     report["engine_check"] = check_engine(gold, eng, ids, args.check_tokens)
     report["torch_check"] = check_torch(weights, ids, args.check_tokens)
     devices = {"golden": (gold, None), "golden_1thread": (gold1, 1), "engine": (eng, None),
-               "engine_1thread": (eng1, 1), "reference": (ref, None), "torch": (tdev, None)}
+               "engine_pool": (engp, None), "engine_1thread": (eng1, 1), "reference": (ref, None),
+               "torch": (tdev, None)}
     speed = decode_speed(devices, ids, warmup=args.warmup, runs=args.runs, steps=args.steps,
                          budget_s=args.budget_s or None)
-    del gold1, eng1
+    report["engine_prefers_thread_pool_at_end"] = eng.engine.threads_in_use
+    del gold1, eng1, engp
     cfg = weights.config
     report["model"] = {"path": str(MODEL.relative_to(REPO)), "tokens": "data/pydoc/heldout.txt from the start",
                        "shape": {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
@@ -285,20 +290,21 @@ def bench_370m(args) -> dict:
     gold.load(weights)
     t_load = time.perf_counter() - t0
     t0 = time.perf_counter()
-    eng, eng1 = EngineDevice(gold), EngineDevice(gold)
-    t_engine = time.perf_counter() - t0
+    eng, eng1, engp = EngineDevice(gold), EngineDevice(gold), EngineDevice(gold, parallel=True)
+    t_engine = (time.perf_counter() - t0) / 3
     check = check_engine(gold, eng, ids, 3)
     ref = ReferenceDevice()
     ref.load(weights)
     tdev = TorchDevice(weights)
-    devices = {"golden": (gold, None), "engine": (eng, None), "engine_1thread": (eng1, 1),
-               "reference": (ref, None), "torch": (tdev, None)}
+    devices = {"golden": (gold, None), "engine": (eng, None), "engine_pool": (engp, None),
+               "engine_1thread": (eng1, 1), "reference": (ref, None), "torch": (tdev, None)}
     speed = decode_speed(devices, ids, warmup=3, runs=args.runs_370m, steps=args.steps_370m, budget_s=None)
     return {"shape": shape, "full_370m": args.layers_370m == SHAPE_370M["num_hidden_layers"],
             "weights": "host.model.random_weights(seed=0)", "tokens": "random ids (seed 1)",
             "calibrate_compile_load_s": t_load, "engine_load_s": t_engine,
             "engine_weight_bytes": eng.engine.weight_bytes, "image_bytes": gold.machine.image_bytes,
-            "engine_check": check, "torch_threads": torch.get_num_threads(), "speed": speed}
+            "engine_check": check, "torch_threads": torch.get_num_threads(), "speed": speed,
+            "engine_prefers_thread_pool_at_end": eng.engine.threads_in_use}
 
 
 if __name__ == "__main__":

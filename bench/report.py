@@ -569,7 +569,11 @@ def engine_summary(c: dict) -> str:
               c["random_370m"]["speed"], "random_370m")] if "random_370m" in c else []):
         med = sp["tokens_per_s_median"]
         goal = cpp.get(key) if key != "random_370m" or c["random_370m"].get("full_370m") else None
-        for dev, threads in (("engine_1thread", "1"), ("engine", str(sp["numba_threads"]["engine"]))):
+        n = sp["numba_threads"]["engine"]
+        for dev, threads in (("engine_1thread", "1"), ("engine", f"{n} (pool while faster)"),
+                             ("engine_pool", f"{n} (pool always)")):
+            if dev not in med:
+                continue
             rows.append([label, threads, fmt(med[dev]), f"{fmt(med[dev] / med['torch'], 2)}×",
                          f"{fmt(med[dev] / med['golden'], 2)}×",
                          f"{fmt(goal[0])} – {fmt(goal[1])}" if goal else "—",
