@@ -578,6 +578,18 @@ def engine_summary(c: dict) -> str:
                          f"{fmt(med[dev] / med['golden'], 2)}×",
                          f"{fmt(goal[0])} – {fmt(goal[1])}" if goal else "—",
                          f"{fmt(med[dev] / goal[1], 2)}× – {fmt(med[dev] / goal[0], 2)}×" if goal else "—"])
+    loads = [x for sp in [c["speed"]] + ([c["random_370m"]["speed"]] if "random_370m" in c else [])
+             for x in sp["loadavg_1min_after_runs"]]
+    gains = [sp["tokens_per_s_median"]["engine_pool"] / sp["tokens_per_s_median"]["engine_1thread"]
+             for sp in [c["speed"]] + ([c["random_370m"]["speed"]] if "random_370m" in c else [])
+             if "engine_pool" in sp["tokens_per_s_median"]]
+    threads_note = ""
+    if gains and max(gains) < 1.1:
+        threads_note = (f" Two threads gained nothing in this run (pool always ÷ one thread: "
+                        f"{', '.join(fmt(g, 2) + '×' for g in gains)}): the 1-minute load average was "
+                        f"{fmt(min(loads))} – {fmt(max(loads))} on {c['machine'].get('cpu_count')} cores, so "
+                        "other jobs held the second core; the adaptive mode then costs next to nothing against one "
+                        "thread.")
     return ("\n#### Golden engine (`host/devices/golden_engine.py`)\n\n"
             + table(["model", "numba threads", "engine tokens/s (median)", "÷ PyTorch (same run)",
                      "÷ golden device (same run)", "C++ engine tokens/s (issue 24)", "engine ÷ C++ engine"], rows)
@@ -588,7 +600,7 @@ def engine_summary(c: dict) -> str:
             "whole token in one numba function, a table-lookup GEMV (one 256-entry table of partial sums per five "
             "codes, one load and one add per five trits) over row-aligned base-3 rows, and the GEMVs that share "
             "codes in one parallel region. The C++ engine's figures are issue 24's, measured on a 2-core Intel "
-            "Xeon of this kind (not re-run here).")
+            "Xeon of this kind (not re-run here)." + threads_note)
 
 
 def cpu_section(data: dict) -> str:
