@@ -20,11 +20,12 @@ How (docs/PERFORMANCE.md, "Golden engine"; measured on a 2-core Intel Xeon, ``be
   is ignored). Per quantize prologue one table ``T[g, b] = sum_i trit_i(b) * q[5g + i]`` (int32, 243 used
   entries of 256 per group of five codes) is built; a row is then ``sum_g T[g, byte[r, g]]``: one load and one
   add per five trits. Integer sums are exact in any order, so the result equals the trit-by-trit sum.
-* **Few, large parallel regions**: the GEMVs that share one quantize prologue (``REUSE_CODES``: ``i, f, g``;
-  both halves of ``gate_proj``) have their rows next to each other and run as one GEMV, in one parallel region
-  (``numba.prange`` over rows) when it has at least :data:`PARALLEL_MIN_TRITS` trits; small ones, the tables
-  and the epilogues run on the calling thread. A layer costs at most four parallel regions, whatever the
-  OpenMP wait policy.
+* **Few, large parallel regions**: GEMVs that share one quantize prologue (``REUSE_CODES``: the two halves of
+  ``gate_proj``) have their rows next to each other and run as one GEMV; a GEMV (group) runs in one parallel
+  region (``numba.prange`` over rows) only when it has at least :data:`PARALLEL_MIN_TRITS` trits and the thread
+  pool has been measured faster lately (``parallel=None``); small ones, the tables and the epilogues run on the
+  calling thread. The 370M shape has six regions a layer (i, f, g, o, gate, down), the shipped model one a
+  token (its LM head).
 
 The GEMV kernel has a batch dimension (:func:`gemv_batch`): B code vectors against one pass over the weights,
 bit-identical to B separate calls.
@@ -47,7 +48,7 @@ __all__ = ["GoldenEngine", "UnsupportedImage", "PARALLEL_MIN_TRITS", "build_tabl
 
 #: A GEMV (or group of GEMVs sharing codes) of at least this many trits is split over threads; smaller ones run
 #: on the calling thread. 2**20 trits take about 60 us on one core here: the shipped model's only parallel region
-#: is then its LM head, the 370M shape's are its four groups per layer. With 2**18 and two threads the shipped
+#: is then its LM head; the 370M shape has six a layer. With 2**18 and two threads the shipped
 #: model ran at 1189 tokens/s under OMP_WAIT_POLICY=PASSIVE and at 17 under libgomp's default spin policy while
 #: another process held the second core (alternating runs, one process each; docs/PERFORMANCE.md).
 PARALLEL_MIN_TRITS = 1 << 20
