@@ -295,6 +295,9 @@ class BuildLimits:
     channels : int or None
     max_hidden, max_intermediate, max_layers : int
     lut_segments_log2 : int or None
+    token_tlast, image_tlast : bool
+        Which ends the stream marks with ``tlast`` (the build's ``hw.top.Accelerator`` parameters): unmarked,
+        a token packet's size is its ``length`` field's, and bytes after END_TOKEN are the next token's.
     """
 
     packing: TritPacking | None = None
@@ -303,6 +306,8 @@ class BuildLimits:
     max_intermediate: int = isa.MAX_INTERMEDIATE
     max_layers: int = isa.MAX_LAYERS
     lut_segments_log2: int | None = None
+    token_tlast: bool = True     #: the stream marks the token packet's end (``hw.top.Accelerator`` token_tlast)
+    image_tlast: bool = True     #: ... and the image's (image_tlast)
 
 
 def check_image_header(raw: bytes | bytearray | memoryview, limits: BuildLimits | None = None) -> ImageInfo:
@@ -361,7 +366,7 @@ def check_image_header(raw: bytes | bytearray | memoryview, limits: BuildLimits 
 
 
 def iter_instructions(raw: bytes | bytearray | memoryview, info: ImageInfo, *,
-                      check_trits: bool = True) -> Iterator[Instruction]:
+                      check_trits: bool = True, image_tlast: bool = True) -> Iterator[Instruction]:
     """The instructions of an image whose header passed :func:`check_image_header`, each checked in the
     hardware's order before it is yielded (docs/ISA.md section 5): header truncated, ``INSTR_CRC``, opcode
     and flags, micro-ops, shapes (``END_TOKEN`` also: its position, ``image_words``, nothing after it), the
@@ -425,7 +430,7 @@ def iter_instructions(raw: bytes | bytearray | memoryview, info: ImageInfo, *,
             if pos + INSTR_BYTES != info.image_bytes:
                 raise ImageError(ErrorCause.BAD_SHAPE, f"the header says {info.image_bytes} bytes, the program "
                                  f"ends at {pos + INSTR_BYTES}", **where)
-            if pos + INSTR_BYTES != size:
+            if pos + INSTR_BYTES != size and image_tlast:
                 raise ImageError(ErrorCause.BAD_SHAPE, f"{size - pos - INSTR_BYTES} bytes after the last "
                                  "instruction", offset=pos + INSTR_BYTES, instruction=idx)
             written.check_and_update(ins, info, where)
@@ -495,7 +500,8 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
     """
     mv = memoryview(bytes(raw)) if not isinstance(raw, memoryview) else raw
     info = check_image_header(mv, limits)
-    instructions = list(iter_instructions(mv, info, check_trits=check_trits))
+    instructions = list(iter_instructions(mv, info, check_trits=check_trits,
+                                          image_tlast=limits is None or limits.image_tlast))
     return ParsedImage(info=info, instructions=instructions, raw=mv)
 
 

@@ -85,6 +85,12 @@ class Accelerator(wiring.Component):
         of every cycle, with an eighth of the pipelined form's micro-op stages (the ECP5 builds,
         ``hw.boards.ecp5.DEFAULT_PARAMS``). Results are bit-identical; the ID block's ``ID_EPILOGUE`` says
         which form a build has.
+    token_tlast, image_tlast : bool
+        The token packet's last beat, the image's last beat carry ``tlast`` (default: both, as the Verilated
+        harness, the cocotb benches and the ECP5 link send them). With ``token_tlast`` the packet's size is
+        checked by ``tlast`` (``TOKEN_LENGTH``), else by its ``length`` field alone; with ``image_tlast``
+        END_TOKEN's header must carry it (``BAD_SHAPE``: bytes after the program). The Xilinx shells clear them
+        where their data movers do not mark those ends (``hw/boards/xilinx_shell.py``; docs/ISA.md section 5).
 
     Attributes
     ----------
@@ -98,9 +104,13 @@ class Accelerator(wiring.Component):
     def __init__(self, *, lanes: int = 16, channels: int = 1, bus_bits: int = 64, quant_lanes: int = 4,
                  packing: TritPacking = TritPacking.BASE3, max_hidden: int = 512, max_intermediate: int = 1024,
                  max_layers: int = 8, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2,
-                 weight_fifo_beats: int = WEIGHT_FIFO_BEATS, epilogue_folded: bool = False):
-        if not isinstance(epilogue_folded, bool):
-            raise TypeError(f"epilogue_folded must be a bool, got {epilogue_folded!r}")
+                 weight_fifo_beats: int = WEIGHT_FIFO_BEATS, epilogue_folded: bool = False,
+                 token_tlast: bool = True, image_tlast: bool = True):
+        for name, v in (("epilogue_folded", epilogue_folded), ("token_tlast", token_tlast),
+                        ("image_tlast", image_tlast)):
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} must be a bool, got {v!r}")
+        self.token_tlast, self.image_tlast = token_tlast, image_tlast
         for name, v in (("lanes", lanes), ("channels", channels), ("bus_bits", bus_bits),
                         ("quant_lanes", quant_lanes), ("max_hidden", max_hidden),
                         ("max_intermediate", max_intermediate), ("max_layers", max_layers),
@@ -699,7 +709,7 @@ class Accelerator(wiring.Component):
                     | ((opc == Opcode.END_TOKEN.value) & ((w_layers & layer_mask) != layer_mask))
                     # END_TOKEN: the last instruction, where image_words says the image ends, and with tlast
                     | ((opc == Opcode.END_TOKEN.value) & ((f_idx != n_instr_m1) | (f_words + 16 != img_words)
-                                                          | ~f_last)))
+                                                          | (~f_last if self.image_tlast else 0))))
                 src_ok = (srcv <= Buffer.TOKEN.value) | ((srcv >= Buffer.C0.value) & (srcv <= Buffer.C3.value)) \
                     | (srcv == Buffer.NONE.value)
                 # the checks, registered; F_CHECK2 acts on them in the same order of precedence
@@ -837,15 +847,16 @@ class Accelerator(wiring.Component):
                         m.d.comb += [btok.wr.addr.eq(cnt - 4), btok.wr.data.eq(word), btok.wr.en.eq(1)]
                     # the packet's size: tlast on its last word, and on no word before it (TOKEN_LENGTH)
                     with m.If((cnt > 3) & (cnt == tok_words - 1)):
-                        with m.If(word_last):
+                        with m.If(word_last | (not self.token_tlast)):
                             m.d.sync += cnt.eq(0)
                             m.next = "TOKEN_WAIT"
                         with m.Else():
                             m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
                             m.next = "ERROR"
-                    with m.Elif(word_last & (cnt != 0)):
-                        m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
-                        m.next = "ERROR"
+                    if self.token_tlast:
+                        with m.Elif(word_last & (cnt != 0)):
+                            m.d.sync += fail(ErrorCause.TOKEN_LENGTH)
+                            m.next = "ERROR"
             with state("TOKEN_WAIT"):
                 m.d.comb += [mode_word.eq(1), busy.eq(1)]
                 m.next = "TOKEN_CRC"      # the CRC takes the packet's last word (a cycle behind the stream)

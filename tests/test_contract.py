@@ -269,6 +269,27 @@ def test_run_stream_orders_token_before_image(weights):
     assert (out.cause, out.where) == (ErrorCause.TOKEN_LENGTH, isa.NO_INSTRUCTION)
 
 
+def test_run_stream_without_tlast(weights):
+    """Builds whose streams do not mark the ends (the Xilinx shells: ``token_tlast``/``image_tlast`` off): the
+    token packet ends where its length field says (a section more is read as the image's first), and bytes
+    after END_TOKEN belong to the next token."""
+    image = _image(weights, "base3", 1)
+    framed = _limits(image, SAMPLE)
+    bare = BuildLimits(**{**framed.__dict__, "token_tlast": False, "image_tlast": False})
+    state = GoldenMachine(image).init_state()
+    good = _packet(weights, image, 5)
+    want = run_stream(image, good, state, framed)
+    assert want.cause is ErrorCause.NONE
+    got = run_stream(image, good, state, bare)
+    assert got.cause is ErrorCause.NONE and got.output == want.output
+    assert run_stream(image + bytes(64), good, state, framed).cause is ErrorCause.BAD_SHAPE
+    assert run_stream(image + bytes(64), good, state, bare).output == want.output
+    long = _seal_packet(good[:-4] + bytes(64))
+    assert run_stream(image, long, state, framed).cause is ErrorCause.TOKEN_LENGTH
+    out = run_stream(image, long, state, bare)          # its first sections are taken: their CRC word is wrong
+    assert (out.cause, out.where) == (ErrorCause.TOKEN_CRC, isa.NO_INSTRUCTION)
+
+
 # ------------------------------------------------------------------------------------------ the core
 def _toolchain_or_skip():
     from tests.test_rtl_device import _toolchain_or_skip as check

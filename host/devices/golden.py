@@ -252,6 +252,10 @@ class GoldenMachine:
         A model image (:func:`host.compiler.compile_model`). Parsed and validated here.
     build : BuildParams
         The accelerator instance whose counters are predicted.
+    engine : bool, default True
+        Run well-formed tokens with the compiled whole-token engine (:mod:`host.devices.golden_engine`,
+        bit-identical, several times faster); False runs this module's interpreter (:class:`_Executor`), the
+        readable definition that the engine's tests compare against. Traces always use the interpreter.
 
     Raises
     ------
@@ -259,7 +263,9 @@ class GoldenMachine:
         On a bad image.
     """
 
-    def __init__(self, image: bytes | ParsedImage, build: BuildParams | None = None):
+    def __init__(self, image: bytes | ParsedImage, build: BuildParams | None = None, *, engine: bool = True):
+        self._use_engine = bool(engine)
+        self._engine = None   # built on the first token: tests that never run one stay fast
         self.image = image if isinstance(image, ParsedImage) else parse_image(image)
         self.info = self.image.info
         self.build = build or BuildParams(channels=self.info.channels)
@@ -296,6 +302,18 @@ class GoldenMachine:
             self._nonzero = out
         return self._nonzero
 
+    def _get_engine(self):
+        """The compiled engine of this image, built once; None when disabled or the image is outside what it
+        runs (then the interpreter runs every token)."""
+        if self._use_engine and self._engine is None:
+            from host.devices.golden_engine import GoldenEngine, UnsupportedImage
+
+            try:
+                self._engine = GoldenEngine(self.image)
+            except UnsupportedImage:
+                self._use_engine = False
+        return self._engine if self._use_engine else None
+
     # ------------------------------------------------------------------------------------- run
     def run_token(self, packet: bytes, state: np.ndarray, *, trace: bool = False) -> TokenResult:
         """Execute the image on one token packet.
@@ -323,8 +341,12 @@ class GoldenMachine:
         if state.shape != (info.n_layers, info.hidden):
             raise ValueError(f"state must have shape {(info.n_layers, info.hidden)}, got {state.shape}")
         tr: dict[str, list[np.ndarray]] | None = {"r0": []} if trace else None
-        output, new_state = _Executor(info, self.table, self._lut, self._per_byte).run(
-            iter(self.image.instructions), token, flags, position, state, tr)
+        engine = self._get_engine() if tr is None else None
+        if engine is not None:
+            output, new_state = engine.run(token, flags, position, state)
+        else:
+            output, new_state = _Executor(info, self.table, self._lut, self._per_byte).run(
+                iter(self.image.instructions), token, flags, position, state, tr)
         total = dict(self._totals)
         total[Counter.NONZERO_TRITS] = self._nonzero_total
         return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
@@ -509,6 +531,13 @@ def run_stream(image: bytes, packet: bytes, state: np.ndarray, limits: BuildLimi
     (``tests/test_contract.py``).
     """
     state = np.asarray(state, dtype=np.int64)
+    if not limits.token_tlast and len(packet) >= 16:
+        # an unmarked token packet ends where its length field says: the rest of the stream is the image
+        n = int.from_bytes(packet[12:16], "little")
+        if 1 <= n <= limits.max_hidden:
+            stream = bytes(packet) + bytes(image)
+            cut = _packet_bytes(n, isa.layout_bytes(TokenHeader))
+            packet, image = stream[:cut], stream[cut:]
     mv = memoryview(bytes(image))
     ex: _Executor | None = None
     partial: set[int] = set()
@@ -528,7 +557,8 @@ def run_stream(image: bytes, packet: bytes, state: np.ndarray, limits: BuildLimi
         ex = _Executor(info, nx.sigmoid_table(info.lut_segments_log2, info.gate_frac), lut, per)
 
         def checked():
-            for idx, ins in enumerate(iter_instructions(mv, info, check_trits=False)):
+            for idx, ins in enumerate(iter_instructions(mv, info, check_trits=False,
+                                                        image_tlast=limits.image_tlast)):
                 if ins.opcode is Opcode.GEMV:
                     sizes = channel_block_bytes(ins.n, ins.k, info.channels, info.packing)
                     try:
@@ -566,14 +596,18 @@ class GoldenDevice(Device):
     channels, lanes, bus_bits, quant_lanes, fmax_mhz, epilogue_folded
         Build parameters whose counters are predicted (:class:`host.perf.BuildParams`).
     output_gate : {"released", "paper"}
+    engine : bool, default True
+        Tokens run by the compiled whole-token engine (:mod:`host.devices.golden_engine`), bit-identical to
+        the interpreter (``engine=False``, ``--option engine=false``).
     """
 
     name = "golden"
 
     def __init__(self, *, packing: str | isa.TritPacking = "base3", channels: int = 1, lanes: int = 64,
                  bus_bits: int = 64, quant_lanes: int = 8, fmax_mhz: float = 100.0,
-                 output_gate: str = "released", epilogue_folded: bool = False) -> None:
+                 output_gate: str = "released", epilogue_folded: bool = False, engine: bool = True) -> None:
         super().__init__()
+        self.engine = bool(engine)
         if isinstance(packing, str):
             try:
                 packing = isa.TritPacking[packing.upper()]
@@ -593,14 +627,14 @@ class GoldenDevice(Device):
         from host.compiler import compile_model
 
         image = compile_model(weights, self.options)
-        self.machine = GoldenMachine(image, self.build)
+        self.machine = GoldenMachine(image, self.build, engine=self.engine)
         self._emb = weights.embeddings
         self._frac = self.machine.info.residual_frac
         self._reset()
 
     def _load_image(self, bundle) -> None:
         """Run a compiled bundle's image; its embeddings are already in the residual format."""
-        self.machine = GoldenMachine(bundle.image, self.build)
+        self.machine = GoldenMachine(bundle.image, self.build, engine=self.engine)
         self._emb = np.asarray(bundle.embeddings, dtype=np.int32)
         self._frac = None   # fixed-point rows: the token packet carries them as they are
         self._reset()

@@ -69,6 +69,10 @@ class XilinxShell(wiring.Component):
             raise ValueError(f"platform must be one of {sorted(PLATFORMS)}, got {platform!r}")
         self.platform = platform
         self.base = isa.register_base(platform)
+        # the DMAs do not mark the token packet's end (and on Zynq not the image's: the driver may split a stream
+        # into several transfers, each ending with tlast, which hw/boards/xilinx.py does not pass on)
+        core.setdefault("token_tlast", False)
+        core.setdefault("image_tlast", platform == "alveo")
         self.core = Accelerator(**core)
         members = {f"s_axis_w{c}": Out(AXIStreamSignature(self.core.bus_bits)) for c in range(self.core.channels)}
         members["m_axis_out"] = In(AXIStreamSignature(32))
