@@ -80,7 +80,7 @@ test-all: $(DEV_STAMP)
 # source in sim_build/. SIM=icarus needs iverilog on PATH. PYTEST_ARGS='-m "sim and not slow"' is the
 # quick subset.
 sim: $(DEV_STAMP)
-	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ tests/test_rtl_device.py $(PYTEST_ARGS)
+	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ tests/test_rtl_device.py tests/test_contract.py $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check host hw tests scripts bench sim
