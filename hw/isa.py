@@ -72,7 +72,7 @@ __all__ = [
     "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Ctrl", "Status", "IRQ_SOURCES",
     "Counter",
     "ImageHeader", "TokenHeader", "OutputTrailer", "MicroOp", "InstrHeader",
-    "pack", "unpack", "crc32_words", "layout_bytes",
+    "pack", "unpack", "crc32_words", "layout_bytes", "field_span",
     "pack_trits", "unpack_trits", "packed_trit_bytes", "TRIT_2BIT_CODES",
     "RegisterMap", "REGISTER_MAP", "register_base", "id_block_values",
 ]
@@ -395,6 +395,25 @@ def unpack(layout: Any, raw: bytes | bytearray | memoryview) -> data.Const:
     if len(raw) < n:
         raise ValueError(f"need {n} bytes for {getattr(layout, '__name__', layout)}, got {len(raw)}")
     return data.Const(lay, int.from_bytes(bytes(raw[:n]), "little"))
+
+
+def field_span(layout: Any, path: Sequence[str | int]) -> tuple[int, int]:
+    """Bit offset and width of a (nested) field, read from the layout itself (no hand-written offsets).
+
+    ``field_span(InstrHeader, ("ops", 2, "shift"))`` is where micro-op 2's shift sits in the header.
+
+    Raises
+    ------
+    KeyError, IndexError
+        From Amaranth, for a field the layout does not have.
+    """
+    lay, bit, width = data.Layout.cast(layout), 0, 0
+    for key in path:
+        f = lay[key]
+        bit, width = bit + f.offset, f.width
+        if isinstance(f.shape, data.Layout) or (isinstance(f.shape, type) and issubclass(f.shape, data.Struct)):
+            lay = data.Layout.cast(f.shape)
+    return bit, width
 
 
 def section_pad(nbytes: int) -> int:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from amaranth.lib import data
 
 from host.compiler import CompileOptions, calibrate, compile_model
 from host.devices.golden import GoldenMachine, StreamOutcome, make_token_packet, run_stream
@@ -69,13 +68,7 @@ def _packet(weights, image: bytes, token: int, position: int = 0, logits: bool =
 
 # ------------------------------------------------------------------------------------------ byte surgery
 def _field(layout, path: tuple) -> tuple[int, int]:
-    lay, bit, width = data.Layout.cast(layout), 0, 0
-    for key in path:
-        f = lay[key]
-        bit, width = bit + f.offset, f.width
-        if isinstance(f.shape, data.Layout) or (isinstance(f.shape, type) and issubclass(f.shape, data.Struct)):
-            lay = data.Layout.cast(f.shape)
-    return bit, width
+    return isa.field_span(layout, path)
 
 
 def _get(raw, off: int, layout, path: tuple) -> int:

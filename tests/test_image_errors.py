@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth.lib import data
 
 from host.compiler import CompileOptions, calibrate, compile_model
 from host.devices.golden import GoldenMachine, make_token_packet, run_stream
@@ -49,14 +48,7 @@ def parsed(image):
 
 # ----------------------------------------------------------------------------------- byte surgery
 def _field(layout, path: tuple) -> tuple[int, int]:
-    """Bit offset and width of a (nested) field, from the layout itself: no hand-written offsets."""
-    lay, bit, width = data.Layout.cast(layout), 0, 0
-    for key in path:
-        f = lay[key]
-        bit, width = bit + f.offset, f.width
-        if isinstance(f.shape, data.Layout) or (isinstance(f.shape, type) and issubclass(f.shape, data.Struct)):
-            lay = data.Layout.cast(f.shape)
-    return bit, width
+    return isa.field_span(layout, path)
 
 
 def _set(raw: bytearray, base: int, layout, path: tuple, value: int, *, recrc: bool = True) -> bytearray:

@@ -641,3 +641,11 @@ def test_isa_doc_has_the_current_tables_and_example():
     # the worked encodings agree with the packers
     for p in TritPacking:
         assert f"`{isa.pack_trits(list(mod.EXAMPLE_TRITS), p).hex(' ')}`" in text
+
+
+def test_field_span_reads_the_layout():
+    """field_span gives where pack() puts a field: set it alone, find its bits."""
+    bit, width = isa.field_span(InstrHeader, ("ops", 2, "shift"))
+    raw = int.from_bytes(isa.pack(InstrHeader, {"ops": [{}, {}, {"shift": 0b101101}]}), "little")
+    assert width == 6 and raw == 0b101101 << bit
+    assert isa.field_span(ImageHeader, ("crc",)) == (480, 32)
