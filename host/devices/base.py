@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -264,11 +264,7 @@ class Device(abc.ABC):
             return
         self._check_open()
         weights = weights_of(checkpoint)
-        self._config = None
-        self._load(weights)
-        self._config = weights.config
-        self._position = 0
-        self._counters["loads"] += 1
+        self._take_model(lambda: self._load(weights), weights.config)
 
     def load_image(self, bundle: Bundle | str | os.PathLike[str]) -> None:
         """Load a compiled model bundle (:mod:`host.bundle`, ``mmfree compile --out model.mmf``) and start a new
@@ -292,9 +288,13 @@ class Device(abc.ABC):
         self._check_open()
         if not isinstance(bundle, Bundle):
             bundle = read_bundle(bundle)
+        self._take_model(lambda: self._load_image(bundle), bundle.config)
+
+    def _take_model(self, load: Callable[[], None], config: HGRNBitConfig) -> None:
+        """Run a load hook with no model held (a failed load leaves none), then start a new sequence."""
         self._config = None
-        self._load_image(bundle)
-        self._config = bundle.config
+        load()
+        self._config = config
         self._position = 0
         self._counters["loads"] += 1
 
