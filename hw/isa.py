@@ -4,8 +4,11 @@ trit packings, counters and the register map.
 Imported by the gateware (``hw/``) and by the host (compiler, golden device, drivers) alike, so there is
 exactly one truth about every field (DESIGN.md section 3; the habit of FINN's ``data_packing.py``).
 Layouts are ``amaranth.lib.data`` structs and ``amaranth.lib.enum`` enums; the host packs them with
-:func:`pack` (``Layout.const(...).as_bits()``) and reads them back with :func:`unpack`. Every packing
-function here has its inverse, and ``tests/test_isa.py`` round-trips each one (hypothesis).
+:func:`pack` and reads them back with :func:`unpack`, both driven by the layout's own fields. Without
+Amaranth (a board runs a compiled bundle with the runtime's dependencies only) the same definitions
+execute on the pure-Python stand-in :mod:`hw._bits`, and :func:`pack`, :func:`unpack`,
+:func:`field_span` and :func:`layout_bytes` give the same bytes and fields. Every packing function
+here has its inverse, and ``tests/test_isa.py`` round-trips each one (hypothesis), in both modes.
 
 Streams
 -------
@@ -54,15 +57,26 @@ section (so every vector starts on a beat boundary); ``const_crc`` is the CRC of
 
 
 
+import enum as _py_enum
 import math
+import operator
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from amaranth.hdl import Shape, signed, unsigned
-from amaranth.lib import data, enum
+
+try:  # the gateware uses these types as shapes: Amaranth's own whenever it is installed
+    from amaranth.hdl import Shape, signed, unsigned
+    from amaranth.lib import data, enum
+except ModuleNotFoundError as _exc:  # the runtime alone (a board): the pure-Python stand-in
+    if (_exc.name or "").partition(".")[0] != "amaranth":
+        raise
+    from hw._bits import Shape, data, enum, signed, unsigned
+
+#: True when the layouts below are Amaranth's own types (False: :mod:`hw._bits`, no Amaranth installed)
+AMARANTH = data.Layout.__module__.startswith("amaranth")
 
 __all__ = [
     "IMAGE_MAGIC", "TOKEN_MAGIC", "OUTPUT_MAGIC", "OUTPUT_ABORT_WORD", "NO_INSTRUCTION", "ID_MAGIC", "ISA_VERSION",
@@ -72,7 +86,7 @@ __all__ = [
     "TritPacking", "Opcode", "InstrFlags", "MicroOpcode", "Buffer", "ErrorCause", "Ctrl", "Status", "IRQ_SOURCES",
     "Counter",
     "ImageHeader", "TokenHeader", "OutputTrailer", "MicroOp", "InstrHeader",
-    "pack", "unpack", "crc32_words", "layout_bytes", "field_span",
+    "pack", "unpack", "Unpacked", "crc32_words", "layout_bytes", "field_span", "AMARANTH",
     "pack_trits", "unpack_trits", "packed_trit_bytes", "TRIT_2BIT_CODES",
     "RegisterMap", "REGISTER_MAP", "register_base", "id_block_values",
 ]
@@ -342,59 +356,214 @@ class InstrHeader(data.Struct):
 
 
 def layout_bytes(layout: Any) -> int:
-    """Size of a layout in bytes (every layout here is a whole number of 32-bit words)."""
-    size = data.Layout.cast(layout).size
+    """Size of a layout in bytes (every layout here is a whole number of 32-bit words).
+
+    Raises
+    ------
+    TypeError
+        If ``layout`` is not a layout or a ``Struct`` class.
+    """
+    size = _plan(layout).size
     assert size % 32 == 0, f"{layout} is {size} bits, not whole words"
     return size // 8
 
 
 # ------------------------------------------------------------------------------------ pack and unpack
+# One implementation in both modes (Amaranth's types or hw._bits), driven by what every layout states: its
+# fields' offsets, widths, signedness, enum classes and nested layouts. Amaranth's Layout.const / data.Const
+# are deliberately not used, so the bytes cannot depend on which of the two declared the layout.
+@dataclass(frozen=True)
+class _Slot:
+    """A field of a :class:`_Plan`: bit offset and width; a leaf's signedness and enum class, or a nested plan."""
+
+    offset: int
+    width: int
+    signed: bool
+    enum: type | None
+    sub: "_Plan | None"
+
+    def shape_name(self) -> str:
+        return f"{'signed' if self.signed else 'unsigned'}({self.width})"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A layout's fields as plain data (struct: names in declaration order; array: indices 0..length-1)."""
+
+    name: str
+    size: int              # bits
+    array: bool
+    fields: dict
+
+    def slot(self, key: str | int) -> _Slot:
+        if self.array:
+            if not isinstance(key, int) or isinstance(key, bool):
+                raise TypeError(f"{self.name} is indexed with an integer, not {key!r}")
+            n = len(self.fields)
+            if not -n <= key < n:
+                raise IndexError(f"index {key} out of range for {self.name} of length {n}")
+            return self.fields[key % n]
+        try:
+            return self.fields[key]
+        except (KeyError, TypeError):
+            raise KeyError(f"{self.name} has no field {key!r}") from None
+
+
+_PLANS: dict[int, tuple[Any, _Plan]] = {}
+
+
+def _is_layout(shape: Any) -> bool:
+    return isinstance(shape, data.Layout) or (isinstance(shape, type) and issubclass(shape, data.Struct))
+
+
+def _plan(layout: Any) -> _Plan:
+    """The :class:`_Plan` of a layout or ``Struct`` class (cached per object)."""
+    hit = _PLANS.get(id(layout))
+    if hit is not None and hit[0] is layout:
+        return hit[1]
+    lay = data.Layout.cast(layout)
+    fields = {}
+    for key, f in lay:
+        shape = f.shape
+        is_enum = isinstance(shape, type) and issubclass(shape, _py_enum.Enum)
+        fields[key] = _Slot(offset=f.offset, width=f.width, signed=Shape.cast(shape).signed,
+                            enum=shape if is_enum else None, sub=_plan(shape) if _is_layout(shape) else None)
+    plan = _Plan(name=getattr(layout, "__name__", repr(layout)), size=lay.size,
+                 array=isinstance(lay, data.ArrayLayout), fields=fields)
+    _PLANS[id(layout)] = (layout, plan)
+    return plan
+
+
 def pack(layout: Any, fields: Mapping[str, Any]) -> bytes:
     """Pack ``fields`` into ``layout``'s little-endian bytes (unnamed fields are zero).
 
+    ``fields`` maps field names to values: ints for plain fields, enum members (or their values) for enum
+    and flag fields, nested mappings for ``Struct`` fields and sequences for array fields (an
+    :class:`Unpacked` view is taken as it is). Later keys overwrite earlier ones where fields overlap.
+
     Raises
     ------
-    TypeError, ValueError
-        From Amaranth, on unknown fields or values out of range.
+    ValueError
+        On an unknown field, an int outside its field's range, or a value that is not a member of the
+        field's enum (or a combination of the flag's bits).
+    TypeError
+        On a value that is not an int, a member, a mapping or a sequence where one is needed.
     """
-    lay = data.Layout.cast(layout)
-    _check_ranges(lay, fields, getattr(layout, "__name__", "layout"))
-    return lay.const(fields).as_bits().to_bytes(lay.size // 8, "little")
+    plan = _plan(layout)
+    return _encode(plan, fields, plan.name).to_bytes(plan.size // 8, "little")
 
 
-def _check_ranges(lay: data.Layout, fields: Any, where: str) -> None:
-    """Reject plain ints outside their field's range (``Layout.const`` would silently truncate them)."""
-    items = fields.items() if isinstance(fields, Mapping) else enumerate(fields)
-    for key, value in items:
+def _encode(plan: _Plan, fields: Any, where: str) -> int:
+    if fields is None:
+        return 0
+    if isinstance(fields, Unpacked):
+        if fields._plan.size != plan.size:
+            raise ValueError(f"{where}: a {fields._plan.name} view is not a {plan.name}")
+        return fields._value
+    if isinstance(fields, Mapping):
+        items = fields.items()
+    elif isinstance(fields, Sequence) and not isinstance(fields, (str, bytes)):
+        items = enumerate(fields)
+    else:
+        raise TypeError(f"{where} takes a mapping or a sequence of field values, not {fields!r}")
+    value = 0
+    for key, v in items:
         try:
-            shape = lay[key].shape
-        except (KeyError, IndexError, TypeError):
-            continue  # unknown field: Amaranth's own ValueError names it
-        if isinstance(value, (Mapping, list, tuple)):
-            _check_ranges(data.Layout.cast(shape), value, f"{where}.{key}")
-        elif isinstance(value, int) and isinstance(shape, Shape):
-            lo, hi = (-(1 << (shape.width - 1)), (1 << (shape.width - 1)) - 1) if shape.signed else \
-                (0, (1 << shape.width) - 1)
-            if not lo <= value <= hi:
-                raise ValueError(f"{where}.{key} = {value} does not fit {shape!r} ({lo}..{hi})")
+            slot = plan.slot(key)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ValueError(f"{where} has no field {key!r}") from exc
+        name = f"{where}.{key}"
+        if slot.sub is not None:
+            bits = _encode(slot.sub, v, name)
+        elif slot.enum is not None:
+            try:
+                bits = slot.enum(v).value
+            except ValueError:
+                raise ValueError(f"{name} = {v!r} is not a {slot.enum.__name__}") from None
+        else:
+            try:
+                bits = operator.index(v)
+            except TypeError:
+                raise TypeError(f"{name} = {v!r} is not an integer") from None
+            lo, hi = (-(1 << (slot.width - 1)), (1 << (slot.width - 1)) - 1) if slot.signed else \
+                (0, (1 << slot.width) - 1)
+            if not lo <= bits <= hi:
+                raise ValueError(f"{name} = {bits} does not fit {slot.shape_name()} ({lo}..{hi})")
+        mask = (1 << slot.width) - 1
+        value = (value & ~(mask << slot.offset)) | ((bits & mask) << slot.offset)
+    return value
 
 
-def unpack(layout: Any, raw: bytes | bytearray | memoryview) -> data.Const:
+class Unpacked:
+    """The fields of a layout read by :func:`unpack`.
+
+    ``view.name`` or ``view["name"]`` of a struct, ``view[i]`` (negative counts from the end) and
+    ``len(view)`` of an array. A plain field reads as an int (sign-extended when signed), an enum or flag
+    field as its member (``ValueError`` for a bit pattern that is none), a nested layout as another
+    :class:`Unpacked`. :meth:`as_bits` is the whole value as an int (bit 0 = the first byte's bit 0).
+    Two views are equal when their layouts have the same fields and their bits are equal.
+    """
+
+    __slots__ = ("_plan", "_value")
+
+    def __init__(self, plan: _Plan, value: int):
+        self._plan, self._value = plan, value
+
+    def __getitem__(self, key: str | int) -> Any:
+        slot = self._plan.slot(key)
+        bits = (self._value >> slot.offset) & ((1 << slot.width) - 1)
+        if slot.sub is not None:
+            return Unpacked(slot.sub, bits)
+        if slot.enum is not None:
+            return slot.enum(bits)
+        if slot.signed and bits >> (slot.width - 1):
+            bits -= 1 << slot.width
+        return bits
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except (KeyError, TypeError):
+            raise AttributeError(f"{self._plan.name} has no field {name!r}") from None
+
+    def __len__(self) -> int:
+        if not self._plan.array:
+            raise TypeError(f"{self._plan.name} is a struct, not an array")
+        return len(self._plan.fields)
+
+    def as_bits(self) -> int:
+        """The layout's whole value as a non-negative int."""
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Unpacked):
+            return NotImplemented
+        return self._plan == other._plan and self._value == other._value
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Unpacked({self._plan.name}, 0x{self._value:x})"
+
+
+def unpack(layout: Any, raw: bytes | bytearray | memoryview) -> Unpacked:
     """Read ``layout`` from the first ``layout_bytes(layout)`` bytes of ``raw``.
 
-    Field access on the result returns ints, enum members (``ValueError`` for an undefined enum value)
-    and nested views.
+    Field access on the result (:class:`Unpacked`) returns ints, enum members (``ValueError`` for an
+    undefined enum value) and nested views.
 
     Raises
     ------
     ValueError
         If ``raw`` is shorter than the layout.
     """
-    lay = data.Layout.cast(layout)
-    n = lay.size // 8
+    plan = _plan(layout)
+    n = plan.size // 8
     if len(raw) < n:
-        raise ValueError(f"need {n} bytes for {getattr(layout, '__name__', layout)}, got {len(raw)}")
-    return data.Const(lay, int.from_bytes(bytes(raw[:n]), "little"))
+        raise ValueError(f"need {n} bytes for {plan.name}, got {len(raw)}")
+    return Unpacked(plan, int.from_bytes(bytes(raw[:n]), "little"))
 
 
 def field_span(layout: Any, path: Sequence[str | int]) -> tuple[int, int]:
@@ -405,14 +574,15 @@ def field_span(layout: Any, path: Sequence[str | int]) -> tuple[int, int]:
     Raises
     ------
     KeyError, IndexError
-        From Amaranth, for a field the layout does not have.
+        For a field the layout does not have (``KeyError`` also for a path that goes on past a leaf).
     """
-    lay, bit, width = data.Layout.cast(layout), 0, 0
+    plan: _Plan | None = _plan(layout)
+    bit, width = 0, 0
     for key in path:
-        f = lay[key]
-        bit, width = bit + f.offset, f.width
-        if isinstance(f.shape, data.Layout) or (isinstance(f.shape, type) and issubclass(f.shape, data.Struct)):
-            lay = data.Layout.cast(f.shape)
+        if plan is None:
+            raise KeyError(f"{key!r}: the field before it is not a nested layout")
+        slot = plan.slot(key)
+        bit, width, plan = bit + slot.offset, slot.width, slot.sub
     return bit, width
 
 

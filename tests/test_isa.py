@@ -78,7 +78,7 @@ def decode(layout, view) -> dict | list:
     out = {}
     for name, f in lay:
         v = view[name]
-        out[name] = decode(f.shape, v) if isinstance(v, data.Const) else v
+        out[name] = decode(f.shape, v) if isinstance(v, isa.Unpacked) else v
     return out
 
 
