@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from host.devices import DEFAULT_DEVICE, DEVICES, PLANNED_DEVICES, DeviceError, open_device
+from host.extras import MissingExtra
 
 __all__ = ["DEFAULT_MODEL", "build_parser", "main"]
 
@@ -705,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, AttributeError):
             pass
         return 1
-    except (DeviceError, ValueError, OSError) as exc:  # CheckpointError and ConfigError are ValueErrors
+    except (DeviceError, ValueError, OSError, MissingExtra) as exc:  # CheckpointError, ConfigError: ValueErrors
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
 

@@ -56,7 +56,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _gemv_kernels():
-    import numba
+    from host.extras import require_extra
+
+    numba = require_extra("numba", "the golden device")
 
     @numba.njit(cache=True, nogil=True, parallel=True)
     def gemv_packed(block, n_rows, k, codes, lut, per_byte, out, out_start, out_step):

@@ -74,7 +74,10 @@ class UnsupportedImage(ValueError):
 
 # ----------------------------------------------------------------------------------------------- kernels
 def _define():
-    from numba import njit, prange
+    from host.extras import require_extra
+
+    numba = require_extra("numba", "the golden device's engine")
+    njit, prange = numba.njit, numba.prange
 
     @njit(cache=True, nogil=True)
     def bit_length(x):
