@@ -1,0 +1,673 @@
+"""LiteDRAM controller cores for the ECP5 boards' DRAM, generated at build time, and their Amaranth wrapper.
+
+The controller is LiteDRAM's (``litedram==2024.12``, the ``dram`` extra), never our own. A board's core is
+described by a YAML config kept in the repository (``hw/boards/litedram/ulx3s.yml``: GENSDRPHY, one
+MT48LC16M16 x16 SDRAM, 50 MHz, no CPU, one native user port) and made in two forms, each cached in a build
+folder keyed by (config bytes, litedram/litex/migen versions):
+
+* :func:`generate_core`: the hardware core, by LiteDRAM's own standalone generator (``litedram_gen``,
+  ``litedram/gen.py``): ``gateware/<name>.v`` with the PHY's IO registers and tristates inside, ``csr.json``.
+* :func:`generate_sim_core`: the simulation core, the same controller (``litedram.core.LiteDRAMCore``: DFI
+  injector, controller, crossbar), the same CRG, CSR map and user-port wiring, built from the hardware core's
+  PHY settings and module timings (:func:`hardware_settings`) but with LiteDRAM's DFI-level memory model
+  (``litedram.phy.model.SDRAMPHYModel``) in place of the PHY and its DFI timing checker on (it ``$display``\\ s
+  every tRP/tRCD/tRAS/tRFC/tCCD/tRC/tWR/tWTR/tRRD/tREFI violation). ``litedram_gen --sim`` is not used: it
+  takes ``litex_sim``'s generic PHY settings (for SDR a read latency of 4 where GENSDRPHY has ``cl + 1`` = 3;
+  for DDR3 a rate of 1:4) and leaves the checker off.
+
+:class:`LiteDRAMCore` wraps either as an Amaranth ``Instance`` in the ``sync`` domain (the controller clock)
+and runs the DRAM's power-up sequence itself (:class:`hw.dram_init.DFIIInitSequencer`, the sequence of
+``litedram.init.get_sdram_phy_init_sequence`` over the core's Wishbone control bus, as LiteX's BIOS
+``sdram_init`` does), so that ``init_done`` rises without a soft CPU.
+
+The generator functions import LiteDRAM lazily: this module imports (and :class:`NativePortSignature`
+works) without the ``dram`` extra; :func:`litedram_available` says whether it is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from amaranth.hdl import ClockSignal, Const, Instance, IOValue, Module, ResetSignal, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["ULX3S_CONFIG", "DEFAULT_BUILD_ROOT", "LITEDRAM_PACKAGES", "litedram_available", "load_config",
+           "core_key", "GeneratedCore", "generate_core", "generate_sim_core", "hardware_settings", "sim_settings",
+           "init_writes", "sim_monitor_layout", "NativePortSignature", "native_cmd_layout", "native_wdata_layout",
+           "LiteDRAMCore"]
+
+CONFIG_DIR = Path(__file__).resolve().parent / "boards" / "litedram"
+#: the ULX3S 85F's SDRAM core config (GENSDRPHY, MT48LC16M16, 50 MHz, one native port)
+ULX3S_CONFIG = CONFIG_DIR / "ulx3s.yml"
+#: where generated cores are cached (``build/`` is git-ignored); ``MMFREE_LITEDRAM_BUILD`` overrides it
+DEFAULT_BUILD_ROOT = Path(os.environ.get("MMFREE_LITEDRAM_BUILD",
+                                         Path(__file__).resolve().parents[1] / "build" / "litedram"))
+#: the packages whose versions key the cache (and that the ``dram`` extra pins)
+LITEDRAM_PACKAGES = ("litedram", "litex", "migen")
+#: the port name of the config's user port (``user_port_<name>_*`` in the generated Verilog)
+USER_PORT = "0"
+#: the generated module's SDRAM pins for an SDR config (``litedram/gen.py`` ``get_dram_ios``):
+#: name -> direction as the generated Verilog declares it (``dq`` is ``input``: its tristates are inside)
+SDR_PINS = {"a": "o", "ba": "o", "ras_n": "o", "cas_n": "o", "we_n": "o", "cs_n": "o", "dm": "o", "dq": "io",
+            "cke": "o"}
+
+#: DRAM commands the simulation core counts on its DFI (``sim_monitor_<name>_count`` outputs)
+SIM_COMMANDS = ("ref", "act", "pre", "rd", "wr")
+
+
+def litedram_available() -> bool:
+    """True when the ``dram`` extra (LiteDRAM, LiteX, Migen) is importable."""
+    return all(importlib.util.find_spec(p) is not None for p in LITEDRAM_PACKAGES)
+
+
+def _require_litedram() -> None:
+    if not litedram_available():
+        raise ImportError("LiteDRAM is not installed: pip install -e '.[dram]' (litedram, litex, migen)")
+
+
+def load_config(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
+    """The raw config of a LiteDRAM core (``litedram_gen``'s YAML format; ``litedram/gen.py`` ``main``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If the config is not a mapping, lacks one of ``memtype``, ``sdram_module``, ``sdram_module_nb``,
+        ``sdram_phy``, ``sys_clk_freq``, ``user_ports``, or its user ports are not exactly one ``native`` port
+        named ``"0"`` (what :class:`LiteDRAMCore` wraps).
+    """
+    import yaml  # a dependency of litedram (and of the dram extra)
+
+    text = Path(path).read_text()
+    cfg = yaml.safe_load(text)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a LiteDRAM config must be a mapping, got {type(cfg).__name__}")
+    missing = [k for k in ("memtype", "sdram_module", "sdram_module_nb", "sdram_phy", "sys_clk_freq",
+                           "user_ports") if k not in cfg]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)}")
+    ports = cfg["user_ports"]
+    if list(ports) != [USER_PORT] or ports[USER_PORT].get("type") != "native":
+        raise ValueError(f"{path}: user_ports must be one native port named {USER_PORT!r}, got {ports!r}")
+    return cfg
+
+
+def _converted(cfg: Mapping) -> dict:
+    """``cfg`` with ``litedram_gen``'s conversions (``litedram/gen.py`` ``main``): "None"/"True"/"False"
+    strings, ``*clk_freq`` floats, the module and PHY names resolved to LiteDRAM classes."""
+    from litedram import modules, phy
+
+    out = {}
+    for k, v in cfg.items():
+        v = {"None": None, "True": True, "False": False}.get(v, v) if isinstance(v, str) else v
+        if "clk_freq" in k:
+            v = float(v)
+        if k == "sdram_module":
+            v = getattr(modules, v)
+        if k == "sdram_phy":
+            v = getattr(phy, v)
+        out[k] = v
+    return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    """LiteX's SoC builder logs its whole hierarchy at INFO: silence it while building in this process."""
+    logging.disable(logging.INFO)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _versions() -> dict:
+    return {p: importlib.metadata.version(p) for p in LITEDRAM_PACKAGES}
+
+
+def core_key(path: str | os.PathLike = ULX3S_CONFIG) -> str:
+    """16 hex digits of SHA-256 over the config file's bytes, the LiteDRAM/LiteX/Migen versions and this
+    module's source (which builds the simulation core)."""
+    _require_litedram()
+    h = hashlib.sha256(Path(path).read_bytes())
+    h.update(Path(__file__).read_bytes())
+    h.update(json.dumps(_versions(), sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------- cores
+@dataclasses.dataclass(frozen=True)
+class GeneratedCore:
+    """A generated LiteDRAM core on disk.
+
+    Attributes
+    ----------
+    name : str
+        Verilog module name.
+    directory : Path
+        Its build folder (``<build_root>/<name>-<key>``).
+    verilog : tuple of Path
+        The Verilog sources to hand to Yosys/Verilator (the module and any memory init files beside it).
+    csr : dict
+        CSR name -> byte address on the ``wb_ctrl`` bus (``csr.json`` ``csr_registers``).
+    addr_width, data_width : int
+        The native user port's address (in ``data_width`` words) and data widths, bits.
+    sdram_pins : dict
+        Pin name -> (direction, width) of the SDRAM pins (empty for a simulation core).
+    init : tuple of (int, int, int)
+        The power-up sequence as Wishbone writes ``(byte address, value, cycles to wait after)``
+        (:func:`init_writes`).
+    sim : bool
+        True for the simulation core (:func:`generate_sim_core`).
+    """
+
+    name: str
+    directory: Path
+    verilog: tuple
+    csr: dict
+    addr_width: int
+    data_width: int
+    sdram_pins: dict
+    init: tuple
+    sim: bool
+
+    @property
+    def bytes(self) -> int:
+        """Bytes addressable through the user port (``2**addr_width`` words of ``data_width`` bits)."""
+        return (1 << self.addr_width) * self.data_width // 8
+
+    def save(self) -> None:
+        """Write ``core.json`` (this record) into :attr:`directory`."""
+        rec = dataclasses.asdict(self)
+        rec["directory"] = str(self.directory)
+        rec["verilog"] = [str(p) for p in self.verilog]
+        (self.directory / "core.json").write_text(json.dumps(rec, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> GeneratedCore:
+        """The record :meth:`save` wrote into ``directory``."""
+        rec = json.loads((Path(directory) / "core.json").read_text())
+        rec["directory"] = Path(rec["directory"])
+        rec["verilog"] = tuple(Path(p) for p in rec["verilog"])
+        rec["sdram_pins"] = {k: tuple(v) for k, v in rec["sdram_pins"].items()}
+        rec["init"] = tuple(tuple(w) for w in rec["init"])
+        return cls(**rec)
+
+
+def _hardware_soc(cfg: Mapping):
+    """The hardware core exactly as ``litedram_gen`` builds it (``litedram.gen.LiteDRAMCore`` on the
+    Lattice platform), elaborated in this process and not written anywhere."""
+    from litedram import gen
+    from litedram import phy as phys
+    from litex.build.lattice import LatticePlatform
+
+    c = _converted(cfg)
+    if c["sdram_phy"] is not phys.GENSDRPHY:
+        raise ValueError(f"only GENSDRPHY (SDR) configs are supported here, got {c['sdram_phy'].__name__}")
+    platform = LatticePlatform(c["device"], io=[], toolchain="trellis")
+    with _quiet():
+        return gen.LiteDRAMCore(platform, c, integrated_rom_size=0xC000)
+
+
+def hardware_settings(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
+    """The settings the hardware core is built from, as ``litedram_gen`` derives them from the config.
+
+    Returns
+    -------
+    dict
+        ``phy``: the PHY's ``PhySettings`` (``litedram/phy/gensdrphy.py``: ``nphases`` 1, ``cl``,
+        ``read_latency = cl + 1``, ...); ``geom``: ``GeomSettings`` (bank/row/column bits); ``timing``:
+        ``TimingSettings`` in controller cycles (tRP, tRCD, tWR, tREFI, tRFC, ...); ``controller``:
+        ``ControllerSettings``; ``module``: the ``SDRModule`` instance (``litedram/modules.py``) at
+        ``sys_clk_freq`` and rate 1:1; ``sys_clk_freq``: Hz.
+    """
+    _require_litedram()
+    cfg = load_config(path)
+    soc = _hardware_soc(cfg)
+    ctl = soc.sdram.controller.settings
+    return {"phy": soc.sdrphy.settings, "geom": ctl.geom, "timing": ctl.timing, "controller": ctl,
+            "module": _module(cfg), "sys_clk_freq": float(cfg["sys_clk_freq"])}
+
+
+def _module(cfg: Mapping):
+    c = _converted(cfg)
+    return c["sdram_module"](c["sys_clk_freq"], rate="1:1")
+
+
+def init_writes(phy_settings, timing_settings, csr: Mapping) -> tuple:
+    """The DRAM power-up sequence as Wishbone writes on the core's control bus.
+
+    What LiteX's BIOS ``sdram_init`` (``litex/soc/software/liblitedram/sdram.c``) does without leveling or a
+    memory test: DFII to software control (``CKE|ODT|RESET_N``), ``init_done``/``init_error`` to 0, every step
+    of ``litedram.init.get_sdram_phy_init_sequence`` (address, bank address, then either the DFII control
+    register for CKE/unreset steps or the phase-0 command and its issue strobe), DFII back to hardware
+    control (``SEL``), ``init_done`` to 1. A step's delay (BIOS ``cdelay`` loop iterations, one or more CPU
+    cycles each) is taken as that many controller cycles, the bus accesses in between adding more
+    (for SDR: 20000 cycles = 400 us at 50 MHz after CKE, over the 100-200 us the datasheets ask).
+
+    Parameters
+    ----------
+    phy_settings, timing_settings : litedram.common.PhySettings, TimingSettings
+    csr : mapping
+        CSR name -> byte address (:attr:`GeneratedCore.csr`).
+
+    Returns
+    -------
+    tuple of (int, int, int)
+        ``(byte address, 32-bit value, cycles to wait after the write)``.
+    """
+    from litedram.init import get_sdram_phy_py_header
+
+    ns: dict = {}
+    exec(get_sdram_phy_py_header(phy_settings, timing_settings), ns)  # the library's own rendering
+    software = ns["dfii_control_cke"] | ns["dfii_control_odt"] | ns["dfii_control_reset_n"]
+    control_values = {software, ns["dfii_control_odt"] | ns["dfii_control_reset_n"]}
+    w = [(csr["sdram_dfii_control"], software, 0), (csr["ddrctrl_init_done"], 0, 0),
+         (csr["ddrctrl_init_error"], 0, 0)]
+    for _comment, a, ba, cmd, delay in ns["init_sequence"]:
+        w += [(csr["sdram_dfii_pi0_address"], a, 0), (csr["sdram_dfii_pi0_baddress"], ba, 0)]
+        if cmd in control_values:
+            w.append((csr["sdram_dfii_control"], cmd, delay))
+        else:
+            w += [(csr["sdram_dfii_pi0_command"], cmd, 0), (csr["sdram_dfii_pi0_command_issue"], 1, delay)]
+    w += [(csr["sdram_dfii_control"], ns["dfii_control_sel"], 0), (csr["ddrctrl_init_done"], 1, 0)]
+    return tuple(w)
+
+
+def _csr_map(csr_json: Path) -> dict:
+    regs = json.loads(csr_json.read_text())["csr_registers"]
+    return {k: int(v["addr"]) for k, v in regs.items()}
+
+
+def _locked_build(build_root: Path, name: str, key: str, make) -> GeneratedCore:
+    """``GeneratedCore.load`` of ``<build_root>/<name>-<key>``, made by ``make(directory)`` first when
+    absent (under an exclusive lock, so concurrent builds wait instead of racing)."""
+    directory = Path(build_root) / f"{name}-{key}"
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (directory / "core.json").exists():
+            make(directory).save()
+    return GeneratedCore.load(directory)
+
+
+def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "litedram_ulx3s",
+                  build_root: str | os.PathLike | None = None) -> GeneratedCore:
+    """The hardware core of config ``path``, generated by ``litedram_gen`` (cached).
+
+    Runs ``python -m litedram.gen CONFIG --name NAME --output-dir DIR`` (about a second) into
+    ``<build_root>/<name>-<core_key>/`` unless that folder already holds it.
+
+    Raises
+    ------
+    ImportError
+        Without the ``dram`` extra.
+    subprocess.CalledProcessError
+        If the generator fails (its output is in the exception).
+    """
+    _require_litedram()
+    cfg = load_config(path)
+
+    def make(directory: Path) -> GeneratedCore:
+        subprocess.run([sys.executable, "-m", "litedram.gen", str(Path(path).resolve()), "--name", name,
+                        "--output-dir", str(directory)],
+                       check=True, capture_output=True, text=True, cwd=directory)
+        csr = _csr_map(directory / "csr.json")
+        hw = hardware_settings(path)
+        geom = hw["geom"]
+        nb = int(cfg["sdram_module_nb"])
+        widths = {"a": geom.addressbits, "ba": geom.bankbits, "ras_n": 1, "cas_n": 1, "we_n": 1, "cs_n": 1,
+                  "dm": nb, "dq": 8 * nb, "cke": 1}
+        data_width = hw["phy"].dfi_databits * hw["phy"].nphases
+        return GeneratedCore(
+            name=name, directory=directory, verilog=(directory / "gateware" / f"{name}.v",), csr=csr,
+            addr_width=geom.bankbits + geom.rowbits + geom.colbits, data_width=data_width,
+            sdram_pins={k: (SDR_PINS[k], widths[k]) for k in SDR_PINS},
+            init=init_writes(hw["phy"], hw["timing"], csr), sim=False)
+
+    return _locked_build(Path(build_root or DEFAULT_BUILD_ROOT), name, core_key(path), make)
+
+
+def _sim_soc(cfg: Mapping):
+    """The simulation core: ``litedram.gen.LiteDRAMCore``'s structure with ``SDRAMPHYModel`` for the PHY."""
+    from litedram import gen
+    from litedram.phy.model import SDRAM_VERBOSE_STD, SDRAMPHYModel
+    from litex.build.generic_platform import Pins, Subsignal
+    from litex.build.sim import SimPlatform
+    from litex.soc.integration.soc_core import SoCCore
+    from litex.soc.interconnect import wishbone
+    from migen import ClockSignal as ClockSignal_  # noqa: N813 - Migen's, not Amaranth's
+    from migen import If
+    from migen import ResetSignal as ResetSignal_  # noqa: N813
+    from migen import Signal as Signal_  # noqa: N813
+
+    c = _converted(cfg)
+    hw = _hardware_soc(cfg)  # the settings come from the hardware core itself
+    hw_ctl = hw.sdram.controller.settings
+    platform = SimPlatform("", io=[])
+    platform.add_extension(gen.get_common_ios())
+    platform.add_extension([("sim_monitor", 0, *[Subsignal(f"{n}_count", Pins(32)) for n in SIM_COMMANDS],
+                             Subsignal("ref_max_gap", Pins(32)))])
+
+    class SimDRAMCore(SoCCore):
+        def __init__(self):
+            SoCCore.__init__(self, platform, c["sys_clk_freq"], cpu_type=None, csr_data_width=32,
+                             with_uart=False, integrated_rom_size=0, integrated_sram_size=0, with_timer=False,
+                             with_ctrl=False)
+            self.crg = gen.LiteDRAMGENSDRPHYCRG(platform, c)  # clk, rst -> AsyncResetSynchronizer
+            self.ddrphy = SDRAMPHYModel(module=_module(cfg), settings=hw.sdrphy.settings,
+                                        clk_freq=c["sys_clk_freq"], verbosity=SDRAM_VERBOSE_STD)
+            self.add_sdram("sdram", phy=self.ddrphy, module=_module(cfg), size=0x01000000,
+                           with_soc_interconnect=False, l2_cache_size=8, l2_cache_min_data_width=0,
+                           controller_settings=hw_ctl)
+            self.ddrctrl = gen.LiteDRAMCoreControl()
+            self.comb += platform.request("init_done").eq(self.ddrctrl.init_done.storage)
+            self.comb += platform.request("init_error").eq(self.ddrctrl.init_error.storage)
+            wb_bus = wishbone.Interface()
+            self.bus.add_master(master=wb_bus)
+            platform.add_extension(wb_bus.get_ios("wb_ctrl"))
+            self.comb += wb_bus.connect_to_pads(platform.request("wb_ctrl"), mode="slave")
+            # the user port, wired as litedram_gen wires a native port (gated until init_done, not error)
+            user_enable = Signal_()
+            self.sync += user_enable.eq(self.ddrctrl.init_done.storage & ~self.ddrctrl.init_error.storage)
+            port = self.sdram.crossbar.get_port()
+            platform.add_extension(gen.get_native_user_port_ios(USER_PORT, port.address_width,
+                                                                port.data_width))
+            io = platform.request(f"user_port_{USER_PORT}")
+            self.comb += [
+                port.cmd.valid.eq(io.cmd_valid & user_enable), io.cmd_ready.eq(port.cmd.ready & user_enable),
+                port.cmd.we.eq(io.cmd_we), port.cmd.addr.eq(io.cmd_addr),
+                port.wdata.valid.eq(io.wdata_valid & user_enable),
+                io.wdata_ready.eq(port.wdata.ready & user_enable),
+                port.wdata.we.eq(io.wdata_we), port.wdata.data.eq(io.wdata_data),
+                io.rdata_valid.eq(port.rdata.valid & user_enable),
+                port.rdata.ready.eq(io.rdata_ready & user_enable), io.rdata_data.eq(port.rdata.data),
+            ]
+            self.comb += platform.request("user_clk").eq(ClockSignal_())
+            self.comb += platform.request("user_rst").eq(ResetSignal_())
+            self._monitor(platform.request("sim_monitor"))
+
+        def _monitor(self, pads):
+            """Counters of the DRAM commands on the model's DFI (observation only, not in the hardware core)."""
+            p0 = self.ddrphy.dfi.p0
+            cmd = {name: Signal_() for name in ("ref", "act", "pre", "rd", "wr")}
+            sel = ~p0.cs_n[0]
+            self.comb += [
+                cmd["ref"].eq(sel & ~p0.ras_n & ~p0.cas_n & p0.we_n),
+                cmd["act"].eq(sel & ~p0.ras_n & p0.cas_n & p0.we_n),
+                cmd["pre"].eq(sel & ~p0.ras_n & p0.cas_n & ~p0.we_n),
+                cmd["rd"].eq(sel & p0.ras_n & ~p0.cas_n & p0.we_n),
+                cmd["wr"].eq(sel & p0.ras_n & ~p0.cas_n & ~p0.we_n),
+            ]
+            for name, hit in cmd.items():
+                count = getattr(pads, f"{name}_count")
+                self.sync += If(hit, count.eq(count + 1))
+            gap, seen = Signal_(32), Signal_()
+            self.sync += [
+                gap.eq(gap + 1),
+                If(cmd["ref"],
+                   gap.eq(1), seen.eq(1),
+                   If(seen & (gap > pads.ref_max_gap), pads.ref_max_gap.eq(gap))),
+            ]
+
+    with _quiet():
+        return platform, SimDRAMCore()
+
+
+def sim_settings(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
+    """The settings of the simulation core of config ``path``, read back from the built core itself.
+
+    Returns
+    -------
+    dict
+        The keys of :func:`hardware_settings` (``phy`` is the model's ``settings``, ``geom``/``timing``/
+        ``controller`` the controller's, ``module`` the model's module) plus ``timing_checker``: True when
+        the model carries LiteDRAM's ``DFITimingsChecker``, and ``checker_timings``: its timings in ps.
+    """
+    _require_litedram()
+    from litedram.phy.model import DFITimingsChecker
+
+    cfg = load_config(path)
+    _, soc = _sim_soc(cfg)
+    ctl = soc.sdram.controller.settings
+    checkers = [m for _, m in soc.ddrphy._submodules if isinstance(m, DFITimingsChecker)]
+    return {"phy": soc.ddrphy.settings, "geom": ctl.geom, "timing": ctl.timing, "controller": ctl,
+            "module": soc.ddrphy.module, "sys_clk_freq": float(soc.sys_clk_freq),
+            "timing_checker": bool(checkers), "checker_timings": checkers[0].timings if checkers else None}
+
+
+def generate_sim_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "litedram_ulx3s_sim",
+                      build_root: str | os.PathLike | None = None) -> GeneratedCore:
+    """The simulation core of config ``path`` (module docstring), converted to Verilog (cached).
+
+    The whole device is modelled (for the ULX3S config 4 banks x 8192 rows x 512 columns x 16 bits = 32 MiB,
+    as Verilog arrays), so the refresh timing is the module's own.
+
+    Raises
+    ------
+    ImportError
+        Without the ``dram`` extra.
+    """
+    _require_litedram()
+    cfg = load_config(path)
+
+    def make(directory: Path) -> GeneratedCore:
+        from litex.soc.integration.export import get_csr_json
+
+        platform, soc = _sim_soc(cfg)
+        gw = directory / "gateware"
+        gw.mkdir(exist_ok=True)
+        with _quiet():
+            soc.finalize()
+            out = platform.get_verilog(soc, name=name, regular_comb=False)
+        out.write(str(gw / f"{name}.v"))
+        (directory / "csr.json").write_text(get_csr_json(soc.csr_regions, soc.constants, soc.mem_regions))
+        csr = _csr_map(directory / "csr.json")
+        ctl = soc.sdram.controller.settings
+        geom = ctl.geom
+        verilog = (gw / f"{name}.v", *sorted(p for p in gw.iterdir() if p.suffix == ".init"))
+        return GeneratedCore(
+            name=name, directory=directory, verilog=verilog, csr=csr,
+            addr_width=geom.bankbits + geom.rowbits + geom.colbits,
+            data_width=ctl.phy.dfi_databits * ctl.phy.nphases, sdram_pins={},
+            init=init_writes(ctl.phy, ctl.timing, csr), sim=True)
+
+    return _locked_build(Path(build_root or DEFAULT_BUILD_ROOT), name, core_key(path), make)
+
+
+# ------------------------------------------------------------------------------------- native port
+def native_cmd_layout(addr_width: int) -> data.StructLayout:
+    """Payload of a native port's command stream: ``we`` (1: write, 0: read), ``addr`` (word address,
+    ``addr_width`` bits; a word is the port's ``data_width``). ``litedram/common.py`` ``cmd_description``."""
+    return data.StructLayout({"we": 1, "addr": addr_width})
+
+
+def native_wdata_layout(data_width: int) -> data.StructLayout:
+    """Payload of a native port's write-data stream: ``data`` (``data_width`` bits, byte ``k`` of the word
+    in bits ``8k .. 8k+7``, little-endian) and ``we`` (``data_width // 8`` byte enables)."""
+    return data.StructLayout({"data": data_width, "we": data_width // 8})
+
+
+def sim_monitor_layout() -> data.StructLayout:
+    """The simulation core's observation outputs (``LiteDRAMCore.monitor``), 32 bits each, counted on the
+    DRAM model's DFI from reset: ``ref_count``, ``act_count``, ``pre_count``, ``rd_count``, ``wr_count``
+    (auto-refresh, activate, precharge, read and write commands, the power-up sequence's included) and
+    ``ref_max_gap`` (the longest interval between two consecutive refresh commands, controller cycles)."""
+    return data.StructLayout({**{f"{n}_count": 32 for n in SIM_COMMANDS}, "ref_max_gap": 32})
+
+
+class NativePortSignature(wiring.Signature):
+    """A LiteDRAM native user port, as its user (manager) sees it (``litedram/common.py``
+    ``LiteDRAMNativePort``).
+
+    Members
+    -------
+    cmd : Out(stream.Signature(native_cmd_layout(addr_width)))
+        One command per word; accepted on ``valid & ready``.
+    wdata : Out(stream.Signature(native_wdata_layout(data_width), always_valid=True))
+        The controller takes a write's data in the cycle it raises ``ready`` (the write-latency after it
+        executes the command) and ignores ``valid``: the user must hold each accepted write's data ready
+        beforehand, in command order (``LiteDRAMCrossbar``: ``wdata.valid`` unused).
+    rdata : In(stream.Signature(data_width, always_ready=True))
+        Read data in command order, one word per read, at a latency set by the controller; it cannot be
+        held back (the crossbar ignores ``ready``), so the user reserves room before issuing reads.
+
+    Parameters
+    ----------
+    addr_width : int, >= 1
+        Word address bits (24 for the ULX3S core: 32 MiB of 16-bit words).
+    data_width : int, multiple of 8
+        Word bits (16 for the ULX3S core).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a width is not an int, or out of range.
+    """
+
+    def __init__(self, *, addr_width: int, data_width: int):
+        for n, v in (("addr_width", addr_width), ("data_width", data_width)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{n} must be an int, not {v!r}")
+        if addr_width < 1:
+            raise ValueError(f"addr_width must be >= 1, got {addr_width}")
+        if data_width < 8 or data_width % 8:
+            raise ValueError(f"data_width must be a positive multiple of 8, got {data_width}")
+        self._addr_width, self._data_width = addr_width, data_width
+        super().__init__({
+            "cmd": Out(stream.Signature(native_cmd_layout(addr_width))),
+            "wdata": Out(stream.Signature(native_wdata_layout(data_width), always_valid=True)),
+            "rdata": In(stream.Signature(data_width, always_ready=True)),
+        })
+
+    @property
+    def addr_width(self) -> int:
+        return self._addr_width
+
+    @property
+    def data_width(self) -> int:
+        return self._data_width
+
+    def __eq__(self, other):
+        return (isinstance(other, NativePortSignature) and other.addr_width == self.addr_width
+                and other.data_width == self.data_width)
+
+    def __hash__(self):
+        return hash((NativePortSignature, self._addr_width, self._data_width))
+
+    def __repr__(self):
+        return f"NativePortSignature(addr_width={self._addr_width}, data_width={self._data_width})"
+
+
+class LiteDRAMCore(wiring.Component):
+    """A generated LiteDRAM core (:class:`GeneratedCore`) as an Amaranth component in the ``sync`` domain.
+
+    The ``sync`` clock is the controller clock (``clk`` of the generated module; 50 MHz on the ULX3S) and
+    ``sync`` reset its reset (synchronised inside). The DRAM's power-up sequence runs by itself after reset
+    (:class:`hw.dram_init.DFIIInitSequencer`, :attr:`GeneratedCore.init`); until ``init_done`` the core holds
+    ``port`` (``cmd.ready`` low: ``block_until_ready``).
+
+    For a hardware core the SDRAM pins come from the board top as ``pins``: name -> raw IO value
+    (``platform.request(..., dir="-")`` in Amaranth 0.5), the names of :attr:`GeneratedCore.sdram_pins`
+    (amaranth-boards' ULX3S ``sdram`` resource calls ``dm`` ``dqm``: pass it as ``dm``). The SDRAM clock pin is
+    not driven here: the board top drives it with a phase-shifted copy of the controller clock (LITEDRAM.md).
+
+    Parameters
+    ----------
+    core : GeneratedCore
+    pins : mapping of str to IOValue, optional
+        Required for a hardware core, refused for a simulation core.
+    init_timeout : int, >= 1
+        Cycles a control-bus write may wait for its ``ack`` before ``init_error`` (default 1024).
+
+    Members
+    -------
+    port : In(NativePortSignature(addr_width=core.addr_width, data_width=core.data_width))
+        The native user port (the core is its subordinate).
+    init_done : Out(1)
+        The power-up sequence has run and the port is enabled (the core's ``ddrctrl_init_done`` CSR).
+    init_error : Out(1)
+        A control-bus write was never acknowledged (the sequencer gave up), or the core's
+        ``ddrctrl_init_error`` CSR is set.
+    monitor : Out(sim_monitor_layout())
+        Simulation cores only: DFI command counters (:func:`sim_monitor_layout`).
+
+    Raises
+    ------
+    TypeError
+        If ``core`` is not a :class:`GeneratedCore`.
+    ValueError
+        If ``pins`` is missing, superfluous, or names other pins than the core has.
+    """
+
+    def __init__(self, core: GeneratedCore, *, pins: Mapping | None = None, init_timeout: int = 1024):
+        if not isinstance(core, GeneratedCore):
+            raise TypeError(f"core must be a GeneratedCore, not {core!r}")
+        if core.sim and pins is not None:
+            raise ValueError("a simulation core has no SDRAM pins: pass pins=None")
+        if not core.sim:
+            if pins is None or set(pins) != set(core.sdram_pins):
+                raise ValueError(f"pins must name exactly {sorted(core.sdram_pins)}, got "
+                                 f"{None if pins is None else sorted(pins)}")
+            for k, v in pins.items():
+                if not isinstance(v, IOValue):
+                    raise ValueError(f"pin {k!r} must be an IOValue (platform.request(..., dir='-')), got {v!r}")
+        self._core, self._pins, self._init_timeout = core, dict(pins or {}), init_timeout
+        members = {
+            "port": In(NativePortSignature(addr_width=core.addr_width, data_width=core.data_width)),
+            "init_done": Out(1),
+            "init_error": Out(1),
+        }
+        if core.sim:
+            members["monitor"] = Out(sim_monitor_layout())
+        super().__init__(members)
+
+    @property
+    def core(self) -> GeneratedCore:
+        return self._core
+
+    def elaborate(self, platform):
+        from hw.dram_init import DFIIInitSequencer
+
+        m = Module()
+        m.submodules.init = init = DFIIInitSequencer(writes=self._core.init, timeout=self._init_timeout)
+        p = f"user_port_{USER_PORT}_"
+        port = self.port
+        done, error = Signal(), Signal()
+        ports = {
+            "i_clk": ClockSignal("sync"), "i_rst": ResetSignal("sync"),
+            "o_init_done": done, "o_init_error": error,
+            "i_wb_ctrl_adr": init.bus.adr, "i_wb_ctrl_dat_w": init.bus.dat_w, "o_wb_ctrl_dat_r": Signal(32),
+            "i_wb_ctrl_sel": Const(0xF, 4), "i_wb_ctrl_cyc": init.bus.cyc, "i_wb_ctrl_stb": init.bus.stb,
+            "o_wb_ctrl_ack": init.bus.ack, "i_wb_ctrl_we": Const(1, 1), "i_wb_ctrl_cti": Const(0, 3),
+            "i_wb_ctrl_bte": Const(0, 2), "o_wb_ctrl_err": Signal(),
+            f"i_{p}cmd_valid": port.cmd.valid, f"o_{p}cmd_ready": port.cmd.ready,
+            f"i_{p}cmd_we": port.cmd.payload.we, f"i_{p}cmd_addr": port.cmd.payload.addr,
+            f"i_{p}wdata_valid": Const(1, 1), f"o_{p}wdata_ready": port.wdata.ready,
+            f"i_{p}wdata_we": port.wdata.payload.we, f"i_{p}wdata_data": port.wdata.payload.data,
+            f"o_{p}rdata_valid": port.rdata.valid, f"i_{p}rdata_ready": Const(1, 1),
+            f"o_{p}rdata_data": port.rdata.payload,
+            "o_user_clk": Signal(), "o_user_rst": Signal(),
+        }
+        for k, pin in self._pins.items():
+            ports[f"{'io' if self._core.sdram_pins[k][0] == 'io' else 'o'}_sdram_{k}"] = pin
+        if self._core.sim:
+            ports["i_sim_trace"] = Const(0, 1)
+            for name in sim_monitor_layout().members:
+                ports[f"o_sim_monitor_{name}"] = self.monitor[name]
+        m.submodules.litedram = Instance(self._core.name, **ports)
+        m.d.comb += [self.init_done.eq(done), self.init_error.eq(error | init.error)]
+        return m

@@ -1,0 +1,199 @@
+"""Streams a byte range of board DRAM out of a LiteDRAM native port: the model image into the weight channel.
+
+:class:`DRAMImageReader` takes a request (base byte address, byte length), issues one read command per port
+word, as fast as the controller accepts them, and delivers the words packed into beats of the weight channel's
+width, with ``last`` on the final beat and full backpressure. LiteDRAM's read data cannot be held back (the
+crossbar ignores ``rdata.ready``: :class:`hw.dram.NativePortSignature`), so the reader reserves a slot in its
+word FIFO for every read it issues: up to ``depth`` reads are outstanding or buffered at once (the same
+reservation LiteDRAM's own ``LiteDRAMDMAReader`` makes, ``litedram/frontend/dma.py``), enough to keep
+the bank machines' command queues (``cmd_buffer_depth``) and the read pipeline full on a sequential read.
+
+A read that never returns does not hang the reader: after ``timeout`` cycles of waiting on the controller
+(reads outstanding or a command offered, and neither a command accepted nor a word returned) it stops with
+``error`` set.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from hw.dram import NativePortSignature
+
+__all__ = ["dram_request_layout", "beat_layout", "DRAMImageReader"]
+
+
+def _int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def dram_request_layout(byte_addr_width: int) -> data.StructLayout:
+    """A DRAM transfer request: ``base`` (byte address, ``byte_addr_width`` bits) and ``length`` (bytes,
+    ``byte_addr_width + 1`` bits: the whole memory fits)."""
+    return data.StructLayout({"base": byte_addr_width, "length": byte_addr_width + 1})
+
+
+def beat_layout(beat_width: int) -> data.StructLayout:
+    """A weight-channel beat: ``data`` (``beat_width`` bits; byte ``k`` of the beat, at byte address
+    ``base + k`` of its position, in bits ``8k .. 8k+7``: little-endian, as AXI4-Stream orders ``tdata``) and
+    ``last`` (the request's final beat)."""
+    return data.StructLayout({"data": beat_width, "last": 1})
+
+
+class DRAMImageReader(wiring.Component):
+    """Reads ``length`` bytes from ``base`` through a native port and streams them as ``beat_width`` beats.
+
+    Parameters
+    ----------
+    addr_width : int, >= 1
+        The port's word address bits (24 for the ULX3S core).
+    port_width : int
+        The port's word bits (16 for the ULX3S core); a multiple of 8 dividing ``beat_width``.
+    beat_width : int
+        Output beat bits (64: :class:`hw.top.Accelerator`'s default ``bus_bits``).
+    depth : int, >= 2
+        Reads that may be outstanding or buffered (the word FIFO's depth; default 64).
+    timeout : int, >= 1
+        Cycles of waiting on the controller before ``error`` (default 4096, 82 us at 50 MHz; a refresh
+        costs about 10 cycles).
+
+    Members
+    -------
+    req : In(stream.Signature(dram_request_layout(addr_width + log2(port_width / 8))))
+        Accepted while idle and not in error. ``base``'s bits below the port word are ignored (reads start
+        at its word); ``length``'s bits below the beat are ignored (whole beats only). A length below one
+        beat is accepted and delivers nothing.
+    port : Out(NativePortSignature(addr_width=addr_width, data_width=port_width))
+        To the controller's native port (reads only: ``cmd.we`` is 0, ``wdata`` idle).
+    o : Out(stream.Signature(beat_layout(beat_width)))
+        ``length // (beat_width / 8)`` beats, port words ``base / (port_width / 8) + i`` in order, word ``j``
+        of a beat in bits ``j * port_width ..``; ``last`` on the final one.
+    busy : Out(1)
+        A request is in progress.
+    error : Out(1)
+        A read timed out; the reader has stopped (no more commands or beats) until reset.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a parameter of the wrong type or out of range.
+    """
+
+    def __init__(self, *, addr_width: int, port_width: int = 16, beat_width: int = 64, depth: int = 64,
+                 timeout: int = 4096):
+        _int("addr_width", addr_width, 1)
+        _int("port_width", port_width, 8)
+        _int("beat_width", beat_width, 8)
+        _int("depth", depth, 2)
+        _int("timeout", timeout, 1)
+        if port_width % 8 or port_width & (port_width - 1):
+            raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
+        if beat_width % port_width or (beat_width // port_width) & (beat_width // port_width - 1):
+            raise ValueError(f"beat_width must be a power-of-two multiple of port_width ({port_width}), "
+                             f"got {beat_width}")
+        self._addr_width, self._port_width, self._beat_width = addr_width, port_width, beat_width
+        self._depth, self._timeout = depth, timeout
+        super().__init__({
+            "req": In(stream.Signature(dram_request_layout(self.byte_addr_width))),
+            "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
+            "o": Out(stream.Signature(beat_layout(beat_width))),
+            "busy": Out(1),
+            "error": Out(1),
+        })
+
+    @property
+    def byte_addr_width(self) -> int:
+        return self._addr_width + ceil_log2(self._port_width // 8)
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @property
+    def timeout(self) -> int:
+        return self._timeout
+
+    def elaborate(self, platform):
+        m = Module()
+        ratio = self._beat_width // self._port_width
+        word_shift = ceil_log2(self._port_width // 8)
+        beat_shift = ceil_log2(self._beat_width // 8)
+        words_width = self.byte_addr_width + 1 - word_shift + 1
+
+        # one slot beyond the reservations: SyncFIFOBuffered's memory (depth - 1 entries) can refuse a write
+        # while its output register is still loading (seen with depth 2); with depth 64 the memory is 64 deep
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=self._port_width, depth=self._depth + 1)
+
+        addr = Signal(self._addr_width)
+        to_issue = Signal(words_width)          # read commands still to issue
+        beats_left = Signal(words_width)        # beats still to deliver
+        credits = Signal(range(self._depth + 1), init=self._depth)  # free reservations in the FIFO
+        outstanding = Signal(range(self._depth + 1))
+        wait = Signal(range(self._timeout + 1))
+        stopped = Signal()
+        busy = Signal()
+
+        # request: accepted when idle
+        m.d.comb += self.req.ready.eq(~busy & ~stopped)
+        with m.If(self.req.valid & self.req.ready):
+            beats = self.req.payload.length >> beat_shift
+            m.d.sync += [
+                addr.eq(self.req.payload.base >> word_shift),
+                to_issue.eq(beats * ratio),
+                beats_left.eq(beats),
+                busy.eq(beats != 0),
+            ]
+
+        # commands: one read per word while a reservation is free
+        cmd = self.port.cmd
+        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0)),
+                     cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
+        issued = cmd.valid & cmd.ready
+        with m.If(issued):
+            m.d.sync += [addr.eq(addr + 1), to_issue.eq(to_issue - 1)]
+
+        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here)
+        rdata = self.port.rdata
+        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & ~stopped)]
+        popped = fifo.r_en & fifo.r_rdy
+        m.d.sync += credits.eq(credits - issued + popped)
+        m.d.sync += outstanding.eq(outstanding + issued - rdata.valid)
+
+        # beats: gather `ratio` words, word j in bits j * port_width
+        acc = Signal(self._beat_width)
+        have = Signal(range(ratio))
+        full = Signal()
+        m.d.comb += [self.o.valid.eq(full & ~stopped), self.o.payload.data.eq(acc),
+                     self.o.payload.last.eq(beats_left == 1),
+                     fifo.r_en.eq((~full | self.o.ready) & ~stopped)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += [full.eq(0), beats_left.eq(beats_left - 1)]
+            with m.If(beats_left == 1):
+                m.d.sync += busy.eq(0)
+        with m.If(popped):
+            m.d.sync += acc.word_select(have, self._port_width).eq(fifo.r_data)
+            if ratio == 1:
+                m.d.sync += full.eq(1)
+            else:
+                m.d.sync += have.eq(have + 1)
+                with m.If(have == ratio - 1):
+                    m.d.sync += [full.eq(1), have.eq(0)]
+
+        # time-out: waiting on the controller without progress
+        waiting = (outstanding != 0) | cmd.valid
+        with m.If(~waiting | issued | rdata.valid):
+            m.d.sync += wait.eq(0)
+        with m.Elif(wait == self._timeout - 1):
+            m.d.sync += stopped.eq(1)
+        with m.Else():
+            m.d.sync += wait.eq(wait + 1)
+
+        m.d.comb += [self.busy.eq(busy), self.error.eq(stopped)]
+        return m
