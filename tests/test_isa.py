@@ -5,13 +5,18 @@ packings, the CRC, the accumulator width, the register map, and the images the c
 from __future__ import annotations
 
 import functools
+import json
 import math
 import operator
+import subprocess
+import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+import runtime_only
 from amaranth.hdl import Shape
 from amaranth.lib import data
 from amaranth.lib import enum as aenum
@@ -649,3 +654,87 @@ def test_field_span_reads_the_layout():
     raw = int.from_bytes(isa.pack(InstrHeader, {"ops": [{}, {}, {"shift": 0b101101}]}), "little")
     assert width == 6 and raw == 0b101101 << bit
     assert isa.field_span(ImageHeader, ("crc",)) == (480, 32)
+
+
+# ------------------------------------------------------------------------ without Amaranth (hw._bits)
+# A board runs bundles without Amaranth: hw.isa then declares the same layouts on hw._bits. The child of
+# tests/runtime_only.py (Amaranth blocked) must give the same layouts, bytes and fields as this process
+# (Amaranth's types) and as Amaranth's own Layout.const, for every layout.
+def _amaranth_leaves(layout, base=0, path=()) -> dict:
+    """Every leaf field's [bit, width, kind] from Amaranth's own layout offsets (no hw.isa code)."""
+    out = {}
+    for key, f in data.Layout.cast(layout):
+        shape = f.shape
+        if isinstance(shape, data.Layout) or (isinstance(shape, type) and issubclass(shape, data.Struct)):
+            out.update(_amaranth_leaves(shape, base + f.offset, (*path, key)))
+            continue
+        s = Shape.cast(shape)
+        kind = shape.__name__ if isinstance(shape, type) and issubclass(shape, (aenum.Enum, aenum.Flag)) else \
+            f"{'signed' if s.signed else 'unsigned'}({s.width})"
+        out["/".join(map(str, (*path, key)))] = [base + f.offset, f.width, kind]
+    return out
+
+
+@pytest.fixture(scope="module")
+def no_amaranth():
+    """``ask(request) -> reply`` of a ``tests/runtime_only.py isa`` child (Amaranth not importable)."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("runtime_only.py")), "isa"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(req: dict) -> dict:
+        proc.stdin.write(json.dumps(runtime_only._encode(req)) + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, f"the child exited ({proc.poll()})"
+        return json.loads(line)
+
+    yield ask
+    proc.stdin.close()
+    assert proc.wait(timeout=60) == 0
+
+
+def test_no_amaranth_same_layouts(no_amaranth):
+    rep = no_amaranth({"op": "describe"})
+    assert rep["amaranth"] is False and rep["blocked_loaded"] == []
+    assert isa.AMARANTH is True
+    for name in runtime_only.LAYOUTS:
+        layout = getattr(isa, name)
+        want = _amaranth_leaves(layout)
+        assert runtime_only.describe(isa, layout) == want, name     # field_span here, Amaranth's types
+        assert rep["layouts"][name] == {"bytes": isa.layout_bytes(layout), "fields": want}, name
+
+
+def _cases():
+    plain = st.sampled_from(["ImageHeader", "TokenHeader", "OutputTrailer", "MicroOp"])
+    return st.one_of(plain.flatmap(lambda n: st.tuples(st.just(n), fields_of(getattr(isa, n)))),
+                     st.tuples(st.just("InstrHeader"), instr_headers()))
+
+
+@FAST
+@given(_cases())
+def test_no_amaranth_same_bytes_and_fields(no_amaranth, case):
+    name, fields = case
+    layout = getattr(isa, name)
+    raw = isa.pack(layout, fields)
+    assert raw == data.Layout.cast(layout).const(fields).as_bits().to_bytes(len(raw), "little")
+    rep = no_amaranth({"op": "pack", "layout": name, "fields": fields})
+    assert bytes.fromhex(rep["raw"]) == raw
+    assert rep["back"] == runtime_only._encode(fields)
+
+
+def test_unpacked_view():
+    """What the host reads from an unpack: attributes, items, signed and enum fields, arrays, errors."""
+    h = isa.unpack(InstrHeader, isa.pack(InstrHeader, {"opcode": Opcode.GEMV, "cb_shift": -5,
+                                                        "ops": [{"op": MicroOpcode.OUT, "shift": 3}]}))
+    assert h.opcode is Opcode.GEMV and h["cb_shift"] == h.cb_shift == -5
+    assert len(h.ops) == isa.MAX_OPS and h.ops[0].op is MicroOpcode.OUT and h.ops[-isa.MAX_OPS].shift == 3
+    assert isa.pack(InstrHeader, {"ops": h.ops}) == isa.pack(InstrHeader, {"ops": [{"op": MicroOpcode.OUT,
+                                                                                     "shift": 3}]})
+    with pytest.raises(AttributeError, match="no field 'bogus'"):
+        _ = h.bogus
+    with pytest.raises(IndexError):
+        _ = h.ops[isa.MAX_OPS]
+    with pytest.raises(ValueError, match="is not a valid Opcode"):
+        _ = isa.unpack(InstrHeader, bytes([99]) + bytes(63)).opcode
+    with pytest.raises(KeyError):
+        isa.field_span(InstrHeader, ("n", "x"))
