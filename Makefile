@@ -31,12 +31,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Runtime only (numpy, safetensors, tokenizers, rich): what `make run` needs.
+# Runtime (numpy, safetensors, tokenizers, rich) + the golden device's numba: what `make run` and `make eval` need.
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[golden]'
 	@touch $@
 
-# Runtime + gateware + simulation + test tools.
+# Runtime + golden device + gateware + simulation + test tools.
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@ $(RUN_STAMP)
