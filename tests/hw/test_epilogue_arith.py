@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
-"""The epilogue's arithmetic building blocks (``hw/epilogue.py``) against Python integers, in the Amaranth
-simulator: ``_sat32`` from bits, ``_sat32_inc`` (the rounding increment with ``sat32``, from a 32-bit
-increment), ``_add_cin`` and the two-cycle 32 x 32 product (``_mul_parts`` then ``_mul_sum``), on edge values
+"""The epilogue's arithmetic building blocks (``hw/epilogue_arith.py``) against Python integers, in the Amaranth
+simulator: ``sat32`` from bits, ``sat32_inc`` (the rounding increment with ``sat32``, from a 32-bit
+increment), ``add_cin`` and the two-cycle 32 x 32 product (``mul_parts`` then ``mul_sum``), on edge values
 (the int32 and int64 bounds, carries out of the low 31 bits) and random ones.
 """
 
@@ -11,7 +11,7 @@ from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.sim import Simulator
 
 from hw import numerics as nx
-from hw.epilogue import _add_cin, _mul_parts, _mul_sum, _sat32, _sat32_inc
+from hw.epilogue_arith import add_cin, mul_parts, mul_sum, sat32, sat32_inc
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -59,7 +59,7 @@ def test_sat32_inc(width):
     t, inc = Signal(signed(width)), Signal()
     out, ref_sat = Signal(signed(32)), Signal(signed(32))
     m = Module()
-    m.d.comb += [out.eq(_sat32_inc(t, inc)), ref_sat.eq(_sat32(t))]
+    m.d.comb += [out.eq(sat32_inc(t, inc)), ref_sat.eq(sat32(t))]
     mags = np.floor(2.0 ** rng.uniform(0, width - 1, 400)).astype(object)
     rand = [int(v) * (1 if s else -1) for v, s in zip(mags, rng.integers(0, 2, 400), strict=True)]
     lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
@@ -77,7 +77,7 @@ def test_sat32_of_unsigned_and_narrow():
     u, n = Signal(unsigned(40)), Signal(signed(20))
     ou, on = Signal(signed(32)), Signal(signed(32))
     m = Module()
-    m.d.comb += [ou.eq(_sat32(u)), on.eq(_sat32(n))]
+    m.d.comb += [ou.eq(sat32(u)), on.eq(sat32(n))]
     vectors = [(a, b) for a in (0, 1, (1 << 31) - 1, 1 << 31, (1 << 40) - 1) for b in (-(1 << 19), -1, 0, 5)]
 
     def check(ctx, a, b):
@@ -90,7 +90,7 @@ def test_add_cin():
     x, y, c = Signal(32), Signal(15), Signal()
     s = Signal(33)
     m = Module()
-    m.d.comb += s.eq(_add_cin(x, y, c))
+    m.d.comb += s.eq(add_cin(x, y, c))
     rng = np.random.default_rng(7)
     vectors = [(int(a), int(b), int(k)) for a, b, k in zip(
         [0, (1 << 32) - 1, (1 << 32) - 1, *rng.integers(0, 1 << 32, 100)],
@@ -106,8 +106,8 @@ def test_two_cycle_product():
     x, y = Signal(signed(32)), Signal(signed(32))
     p = Signal(signed(64))
     m = Module()
-    low, high, mid = _mul_parts(x, y)
-    m.d.comb += p.eq(_mul_sum(low, high, mid))
+    low, high, mid = mul_parts(x, y)
+    m.d.comb += p.eq(mul_sum(low, high, mid))
     rng = np.random.default_rng(11)
     edge = [nx.INT32_MIN, nx.INT32_MAX, 0, 1, -1, 0xFFFF, 0x10000, -0x10000, -0x10001, 0x7FFF, -0x8000]
     rand = [int(v) for v in rng.integers(nx.INT32_MIN, nx.INT32_MAX, 200, endpoint=True)]
