@@ -37,8 +37,9 @@ Microarchitecture
 Throughput and latency
 ----------------------
 One chunk per cycle while the input keeps up (``i.ready`` depends on registers only, not on ``o.ready``).
-A beat accepted in cycle ``t`` can be part of a chunk valid on ``o`` from cycle ``t + 2``. A command
-accepted in cycle ``t`` produces its first chunk no earlier than ``t + 4``; commands queue (one in a
+A beat accepted in cycle ``t`` can be part of a chunk valid on ``o`` from cycle ``t + 2``
+(:attr:`TritGearbox.BEAT_LATENCY`). A command accepted in cycle ``t`` produces its first chunk no earlier
+than ``t + 4`` (:attr:`TritGearbox.CMD_LATENCY`); commands queue (one in a
 prefetch register, one per side), so back-to-back blocks stream without bubbles on the output except while
 the input spends cycles on padding beats (at most ``64 * 8 / bus_bits - 1`` per block).
 
@@ -165,6 +166,13 @@ class TritGearbox(wiring.Component):
     ValueError
         If ``bus_bits`` or ``lanes`` is out of range.
     """
+
+    #: Cycles from a command's transfer (cycle ``t``, its beats waiting) to its first chunk valid on ``o``
+    #: (``t + CMD_LATENCY``; ``host.perf.GEARBOX_CMD_LATENCY``)
+    CMD_LATENCY = 4
+    #: Cycles from a beat's transfer on ``i`` (cycle ``t``) to the first cycle a chunk holding its trits can be
+    #: valid on ``o`` (``t + BEAT_LATENCY``: the window register, then the output register)
+    BEAT_LATENCY = 2
 
     def __init__(self, *, packing: TritPacking, bus_bits: int, lanes: int, predecoded: bool = False):
         if not isinstance(packing, TritPacking):

@@ -85,6 +85,27 @@ class TernaryGemv(wiring.Component):
         If a parameter is out of range.
     """
 
+    #: Cycles of :attr:`latency` besides the adder tree's levels: 1 (code read) + 1 (lane terms) + 1
+    #: (accumulator) + 2 (``SyncFIFOBuffered``) (``host.perf.GEMV_LATENCY``)
+    BASE_LATENCY = 5
+
+    @classmethod
+    def latency_for(cls, lanes: int) -> int:
+        """:attr:`latency` of a GEMV of ``lanes`` lanes, without an instance: ``ceil(log2(lanes)) +
+        BASE_LATENCY`` cycles from the transfer of a row's last chunk on ``i`` to ``o.valid`` for that row
+        (empty FIFO).
+
+        Raises
+        ------
+        TypeError, ValueError
+            If ``lanes`` is not an int >= 1.
+        """
+        if isinstance(lanes, bool) or not isinstance(lanes, int):
+            raise TypeError(f"lanes must be an int, not {lanes!r}")
+        if lanes < 1:
+            raise ValueError(f"lanes must be >= 1, got {lanes}")
+        return ceil_log2(lanes) + cls.BASE_LATENCY
+
     def __init__(self, *, lanes: int, acc_bits: int = isa.ACC_BITS, max_k: int = isa.MAX_K):
         for name, value in (("lanes", lanes), ("acc_bits", acc_bits), ("max_k", max_k)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -138,9 +159,10 @@ class TernaryGemv(wiring.Component):
     def latency(self) -> int:
         """Cycles from the transfer of a row's last chunk on ``i`` to ``o.valid`` for that row (empty FIFO).
 
-        1 (code read) + 1 (lane terms) + ``tree_levels`` + 1 (accumulator) + 2 (``SyncFIFOBuffered``).
+        1 (code read) + 1 (lane terms) + ``tree_levels`` + 1 (accumulator) + 2 (``SyncFIFOBuffered``):
+        :meth:`latency_for` ``(lanes)``.
         """
-        return self._tree_levels + 5
+        return self.latency_for(self._lanes)
 
     @property
     def fifo_depth(self) -> int:

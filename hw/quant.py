@@ -116,6 +116,24 @@ class Quantizer(wiring.Component):
         If a parameter is out of range, or ``quant_lanes`` does not divide ``lanes``.
     """
 
+    #: ``done`` comes ``ceil(k / quant_lanes) + LATENCY`` cycles after the command's transfer
+    #: (:data:`QUANT_LATENCY`, ``host.perf.QUANT_LATENCY``)
+    LATENCY = QUANT_LATENCY
+
+    @classmethod
+    def done_cycles(cls, k: int, quant_lanes: int) -> int:
+        """Cycles from a command's transfer to ``done`` for ``k`` elements at ``quant_lanes`` per cycle, without
+        an instance: ``max(ceil(k / quant_lanes), 1) + LATENCY`` (``k = 0`` is one empty word).
+
+        Raises
+        ------
+        ValueError
+            If ``k < 0`` or ``quant_lanes < 1``.
+        """
+        if k < 0 or quant_lanes < 1:
+            raise ValueError(f"need k >= 0 and quant_lanes >= 1, got k={k}, quant_lanes={quant_lanes}")
+        return max(-(-k // quant_lanes), 1) + cls.LATENCY
+
     def __init__(self, *, quant_lanes: int, lanes: int, max_k: int = isa.MAX_K):
         for name, value in (("quant_lanes", quant_lanes), ("lanes", lanes), ("max_k", max_k)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -170,8 +188,9 @@ class Quantizer(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """``done`` comes ``ceil(k / quant_lanes) + latency`` cycles after the command's transfer (6)."""
-        return QUANT_LATENCY
+        """``done`` comes ``ceil(k / quant_lanes) + latency`` cycles after the command's transfer (:data:`LATENCY`,
+        6)."""
+        return self.LATENCY
 
     @property
     def multipliers(self) -> int:

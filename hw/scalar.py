@@ -122,6 +122,13 @@ class ScalarUnit(wiring.Component):
     about 530 flip-flops.
     """
 
+    #: Cycles from the transfer on ``i`` (cycle 0) to ``o.valid`` (:data:`SCALAR_LATENCY`, 61)
+    LATENCY = SCALAR_LATENCY
+    #: Cycles a request occupies the unit when its result is taken as soon as it is valid: the request's
+    #: transfer cycle through the result's, ``LATENCY + 1`` = 62 (``host.perf.SCALAR_CYCLES``: the sequencer
+    #: counts them, its SCALAR and SCALAR_WAIT states)
+    CYCLES = SCALAR_LATENCY + 1
+
     def __init__(self):
         super().__init__({
             "i": In(stream.Signature(ScalarRequest)),
@@ -130,8 +137,8 @@ class ScalarUnit(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from the transfer on ``i`` to ``o.valid`` (:data:`SCALAR_LATENCY`, 61)."""
-        return SCALAR_LATENCY
+        """Cycles from the transfer on ``i`` to ``o.valid`` (:data:`LATENCY`, 61)."""
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()
@@ -300,6 +307,9 @@ class SsqBias(wiring.Component):
     Resources: a 32-to-63-bit left shifter, two 33-bit adders, about 160 flip-flops; no multipliers.
     """
 
+    #: Cycles from ``load`` (cycle 0) to the first cycle ``o`` holds the statistic (:data:`SSQ_BIAS_LATENCY`, 2)
+    LATENCY = SSQ_BIAS_LATENCY
+
     def __init__(self):
         super().__init__({
             "load": In(1),
@@ -311,8 +321,8 @@ class SsqBias(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from ``load`` to the first cycle ``o`` holds the result (:data:`SSQ_BIAS_LATENCY`, 2)."""
-        return SSQ_BIAS_LATENCY
+        """Cycles from ``load`` to the first cycle ``o`` holds the result (:data:`LATENCY`, 2)."""
+        return self.LATENCY
 
     def elaborate(self, platform):
         m = Module()

@@ -47,6 +47,16 @@ class VectorBuffer(wiring.Component):
     rd_wide : ReadPort.Signature(addr = group index, data ArrayLayout(int32, read_group))
     """
 
+    #: Cycles from a read's ``addr``/``en`` (on ``rd`` or ``rd_wide``) to its ``data``
+    READ_LATENCY = 1
+
+    @staticmethod
+    def addr_width_for(depth: int, group: int = 1) -> int:
+        """Address width of a port reading or writing ``group`` elements at once in a buffer of ``depth``
+        elements, without an instance: ``ceil(log2(max(ceil(depth / group), 2)))`` (``rd``/``wr``: group 1,
+        the element index; ``rd_wide``/``wr_wide``: the group index)."""
+        return ceil_log2(max(-(-depth // group), 2))
+
     def __init__(self, *, depth: int, banks: int, write_group: int = 1, read_group: int = 1):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
@@ -56,18 +66,23 @@ class VectorBuffer(wiring.Component):
             raise ValueError(f"banks ({banks}) must be >= write_group ({write_group}) and read_group ({read_group})")
         self._depth, self._banks, self._wg, self._rg = depth, banks, write_group, read_group
         self._rows = -(-depth // banks)
-        aw = ceil_log2(max(depth, 2))
+        aw = self.addr_width_for(depth)
         super().__init__({
             "wr": Out(memory.WritePort.Signature(addr_width=aw, shape=INT32)),
             "rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=INT32)),
-            "wr_wide": Out(memory.WritePort.Signature(addr_width=ceil_log2(max(-(-depth // write_group), 2)),
+            "wr_wide": Out(memory.WritePort.Signature(addr_width=self.addr_width_for(depth, write_group),
                                                       shape=data.ArrayLayout(INT32, write_group))),
-            "rd_wide": Out(memory.ReadPort.Signature(addr_width=ceil_log2(max(-(-depth // read_group), 2)),
+            "rd_wide": Out(memory.ReadPort.Signature(addr_width=self.addr_width_for(depth, read_group),
                                                      shape=data.ArrayLayout(INT32, read_group))),
         })
 
     depth = property(lambda self: self._depth)
     banks = property(lambda self: self._banks)
+
+    @property
+    def addr_width(self) -> int:
+        """Width of ``rd.addr`` and ``wr.addr`` (an element index): :meth:`addr_width_for` ``(depth)``."""
+        return self.addr_width_for(self._depth)
 
     def elaborate(self, platform):
         m = Module()

@@ -63,7 +63,7 @@ def _random_pauses(rng: random.Random, p_idle: float):
 
 def describe_mismatch(got: bytes, exp: bytes) -> str:
     """Which fields of two output packets differ (bytes compared first; fields help debugging)."""
-    from host.devices.golden import parse_output_packet
+    from host.protocol import parse_output_packet
 
     lines = [f"{len(got)} bytes received, {len(exp)} expected"]
     try:
@@ -249,7 +249,7 @@ class TB:
         for name, exp in step["counters"].items():
             got = after[name] - before[name]
             assert got == exp, f"{label}: counter {name} advanced by {got}, the golden device says {exp}"
-        from host.devices.golden import parse_output_packet
+        from host.protocol import parse_output_packet
 
         out = parse_output_packet(self.file(step["expect"]))
         assert await self.read(R.POSITION) == out.position, f"{label}: POSITION register"

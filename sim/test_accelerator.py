@@ -48,9 +48,10 @@ import numpy as np
 import pytest
 
 from host.compiler import CompileOptions, calibrate, compile_model
-from host.devices.golden import GoldenMachine, make_token_packet
+from host.devices.golden import GoldenMachine
 from host.image import ImageError, parse_image
 from host.model import HGRNBitConfig, ModelWeights, random_weights
+from host.protocol import channel_streams, make_token_packet
 from host.perf import BuildParams
 from hw import isa
 from hw import numerics as nx
@@ -271,28 +272,6 @@ def get_sim(build: Build) -> BuiltSim:
 
 
 # ------------------------------------------------------------------------------------------- stimulus
-def channel_streams(image: bytes, channels: int) -> list[bytes]:
-    """Bytes of each weight channel for one pass over ``image`` (``hw/top.py``'s stream protocol).
-
-    Channel 0: the image header, then per instruction its header, its constants and its weight block 0;
-    channel ``c > 0``: weight block ``c`` of every GEMV in program order.
-    """
-    if channels == 1:
-        return [bytes(image)]
-    pi = parse_image(image)
-    raw = bytes(image)
-    ends = [i.offset for i in pi.instructions[1:]] + [len(raw)]
-    out = [bytearray(raw[:pi.instructions[0].offset])] + [bytearray() for _ in range(channels - 1)]
-    for ins, end in zip(pi.instructions, ends, strict=True):
-        if ins.opcode is Opcode.GEMV:
-            out[0] += raw[ins.offset:ins.weight_offset]
-            for c, blk in enumerate(ins.blocks):
-                out[c] += blk.tobytes()
-        else:
-            out[0] += raw[ins.offset:end]
-    return [bytes(b) for b in out]
-
-
 class Run:
     """A run directory: the stimulus files and the manifest read by ``accelerator_tests.py``."""
 

@@ -4,7 +4,7 @@
 error registers, 64-bit counters, the shell's soft reset) and its streams. Bytes streamed into a channel
 are only collected; once channel 0 holds a whole token packet and every channel holds the stream the image
 header and instruction headers announce, the fake **reassembles the model image from the streamed bytes**
-(:func:`merge_streams`, the inverse of :func:`host.devices.rtl.channel_streams`), parses it, and runs the
+(:func:`host.protocol.merge_streams`, the inverse of :func:`host.protocol.channel_streams`), parses it, and runs the
 golden device's :meth:`~host.devices.golden.GoldenMachine.run_token` on the streamed token packet with
 its own recurrent state. The output packet goes back through the fake S2MM DMA (pynq) or output buffer
 (XRT), and the counters advance by the golden device's. So a driver that streams wrong bytes, in the wrong
@@ -22,51 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from host.devices.board import SOFT_RESET
 from host.devices.golden import GoldenMachine
-from host.image import ImageError, channel_block_bytes, vector_words
+from host.image import ImageError
 from host.perf import BuildParams
+from host.protocol import make_output_packet, merge_streams, parse_output_packet, token_packet_bytes
 from hw import isa
-from hw.isa import Counter, Ctrl, ErrorCause, InstrFlags, Opcode, Status, TritPacking
+from hw.isa import Counter, Ctrl, ErrorCause, Status, TritPacking
 
 R = isa.REGISTER_MAP
-SOFT_RESET = 0xF0
-
-
-def merge_streams(streams: list[bytes]) -> bytes | None:
-    """The model image from its channel streams (channel 0 without the token packet), or None while a
-    channel still lacks bytes the headers announce. Extra bytes are returned untouched (not consumed)."""
-    ch0 = streams[0]
-    hb = isa.layout_bytes(isa.ImageHeader)
-    ib = isa.layout_bytes(isa.InstrHeader)
-    if len(ch0) < hb:
-        return None
-    h = isa.unpack(isa.ImageHeader, ch0[:hb])
-    C = h.channels
-    packing = TritPacking(h.packing.value if hasattr(h.packing, "value") else h.packing)
-    pos = [hb] + [0] * (C - 1)
-    image = bytearray(ch0[:hb])
-    for _ in range(h.n_instructions):
-        if len(ch0) < pos[0] + ib:
-            return None
-        head = ch0[pos[0]:pos[0] + ib]
-        ins = isa.unpack(isa.InstrHeader, head)
-        flags = InstrFlags(ins.flags.value if hasattr(ins.flags, "value") else ins.flags)
-        words = (vector_words(ins.k) if InstrFlags.QCONST in flags else 0) + ins.n_consts * vector_words(ins.n)
-        nconst = 4 * words
-        opcode = Opcode(ins.opcode.value if hasattr(ins.opcode, "value") else ins.opcode)
-        blocks = channel_block_bytes(ins.n, ins.k, C, packing) if opcode is Opcode.GEMV else [0] * C
-        if len(ch0) < pos[0] + ib + nconst + blocks[0]:
-            return None
-        image += ch0[pos[0]:pos[0] + ib + nconst + blocks[0]]
-        pos[0] += ib + nconst + blocks[0]
-        for c in range(1, C):
-            if len(streams[c]) < pos[c] + blocks[c]:
-                return None
-            image += streams[c][pos[c]:pos[c] + blocks[c]]
-            pos[c] += blocks[c]
-        if opcode is Opcode.END_TOKEN:
-            break
-    return bytes(image)
 
 
 @dataclass
@@ -168,9 +132,7 @@ class FakeCore:
         hb = isa.layout_bytes(isa.TokenHeader)
         if len(ch0) < hb:
             return
-        th = isa.unpack(isa.TokenHeader, ch0[:hb])
-        n = hb + 4 * th.length + 4
-        n += isa.section_pad(n)
+        n = token_packet_bytes(isa.unpack(isa.TokenHeader, ch0[:hb]).length)
         if len(ch0) < n:
             return
         image = merge_streams([ch0[n:]] + [bytes(s) for s in self.streams[1:]])
@@ -192,8 +154,6 @@ class FakeCore:
             return
         self.state = res.state
         if self.faults.corrupt_logit is not None:
-            from host.devices.golden import make_output_packet, parse_output_packet
-
             p = parse_output_packet(res.output)
             acc = p.logits_acc.copy()
             acc[self.faults.corrupt_logit] += 1

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 from host.compiler import CompileOptions, calibrate, compile_model
-from host.devices.golden import GoldenMachine, StreamOutcome, make_token_packet, run_stream
+from host.devices.golden import GoldenMachine, StreamOutcome, run_stream
 from host.image import BuildLimits, ImageError, parse_image
 from host.model import HGRNBitConfig, random_weights
+from host.protocol import CoreError, make_token_packet
 from hw import isa
 from hw import numerics as nx
 from hw.isa import ErrorCause, ImageHeader, InstrFlags, InstrHeader, Opcode, TokenHeader, TritPacking
@@ -327,15 +328,12 @@ class Pair:
     def run(self, image: bytes, packet: bytes, same_layout: bool = True, *, label: str = "",
             abort_at: int | None = None) -> tuple[StreamOutcome | None, object]:
         """Run both; compare; keep the oracle's state in step with the core's committed state."""
-        from host.devices.rtl import HarnessError
-
         self.harness.load_streams(self.streams(image, same_layout))
         want = run_stream(image, packet, self.state, self.limits)
         try:
             run = self.harness.run_token(packet, abort_at=abort_at)
             got = (ErrorCause.NONE, None, run.output, run)
-        except HarnessError as e:
-            assert e.kind == 1, f"{label}: the core did not finish: {e}"
+        except CoreError as e:
             got = (ErrorCause(e.cause), e.where, e.output, e)
         return want, got
 
@@ -387,8 +385,6 @@ def _abort_sweep(pair: Pair, before: int, after: int) -> None:
     """Ctrl.ABORT at every cycle from ``before`` cycles before the output packet's last word to ``after`` past it:
     either the packet ends normally and the token committed, or it ends with the abort word (ABORTED, at the
     instruction in flight) and the state is the old one; the two meet at one cycle."""
-    from host.devices.rtl import HarnessError
-
     pk = _packet(pair.weights, pair.image, 9, position=2)
     pair.harness.load_streams(pair.streams(pair.image, True))
     clean = pair.harness.run_token(pk, end_cycle=True)
@@ -406,8 +402,8 @@ def _abort_sweep(pair: Pair, before: int, after: int) -> None:
             assert run.output == want.output, f"abort at {at}: a packet that ends normally is the token's"
             pair.state = want.state
             outcomes.append("committed")
-        except HarnessError as e:
-            assert e.kind == 1 and e.cause == ErrorCause.ABORTED.value, f"abort at {at}: {e}"
+        except CoreError as e:
+            assert e.cause is ErrorCause.ABORTED, f"abort at {at}: {e}"
             # the instruction in flight: the LM head (its logits lead the packet) or END_TOKEN (the trailer)
             assert e.where in (end_idx - 1, end_idx) and e.where >= last_where, f"abort at {at}: where {e.where}"
             last_where = e.where

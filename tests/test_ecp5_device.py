@@ -159,8 +159,9 @@ class FakeBoard:
             self.cause, self.where = exc.cause.value, exc.instruction or 0
             return
         self.state = res.state
-        for c, v in res.counters.items():
+        for c, v in res.counters.items():     # the oracle's activity counts; the beats its bytes make
             self.counters[c] += int(v)
+        self.counters[isa.Counter.STREAM_BEATS] += sum(res.stream_bytes) // ul.BEAT_BYTES
         words = struct.unpack(f"<{len(res.output) // 4}I", res.output)
         for i, w in enumerate(words):
             self._reply(bytes([ul.REP_OUTPUT]), struct.pack("<IB", w, int(i == len(words) - 1)))
@@ -182,8 +183,8 @@ def test_tokens_match_the_golden_device_bit_for_bit(weights):
             assert np.array_equal(dev.step(t), gold.step(t))
         c = dev.counters()
         assert c["hw_stream_beats"] == board.counters[isa.Counter.STREAM_BEATS] > 0
-        assert c["link_bytes"] > 4 * len(dev._stream)
-        assert dev.seconds_per_token() == pytest.approx(token_seconds(len(dev._stream) + len(dev.token_packet(0))))
+        assert c["link_bytes"] > 4 * len(dev.transport.stream)
+        assert dev.seconds_per_token() == pytest.approx(token_seconds(len(dev.transport.stream) + len(dev.token_packet(0))))
     # the host kept the board's receive FIFO from overflowing
     assert 0 < board.max_unacked <= ul.RX_FIFO_BYTES
 

@@ -10,8 +10,9 @@ import pytest
 from host.accuracy import random_model_accuracy, shipped_model_accuracy
 from host.checkpoint import load_checkpoint
 from host.compiler import CompileOptions, Formats, calibrate, compile_model
-from host.devices.golden import GoldenDevice, GoldenMachine, make_token_packet, parse_output_packet
+from host.devices.golden import GoldenDevice, GoldenMachine
 from host.model import HGRNBitConfig, random_weights
+from host.protocol import make_token_packet, parse_output_packet
 from host.reference import ReferenceModel
 from hw import numerics as nx
 from hw.isa import Counter, TritPacking

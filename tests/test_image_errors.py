@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from host.compiler import CompileOptions, calibrate, compile_model
-from host.devices.golden import GoldenMachine, make_token_packet, run_stream
+from host.devices.golden import GoldenMachine, run_stream
 from host.image import BuildLimits, ImageError, channel_block_bytes, parse_image
 from host.model import HGRNBitConfig, random_weights
+from host.protocol import make_token_packet
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Buffer, ErrorCause, ImageHeader, InstrHeader, MicroOp, MicroOpcode, Opcode, TritPacking

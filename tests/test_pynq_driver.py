@@ -66,7 +66,7 @@ def test_bit_exact_with_golden_chunked(board, weights):
         got, want = dev.step(t), gold.step(t)
         assert np.array_equal(got, want), f"token {t}: logits differ from the golden device"
     assert core.tokens_run == len(ids)
-    from host.devices.rtl import channel_streams
+    from host.protocol import channel_streams
 
     lens = [len(s) for s in channel_streams(dev.image)]
     assert lens[0] > 4096       # channel 0 really is split

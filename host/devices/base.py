@@ -41,8 +41,7 @@ from host.model import HGRNBitConfig, ModelWeights
 if TYPE_CHECKING:
     from host.bundle import Bundle
 
-__all__ = ["CheckpointLike", "Device", "DeviceError", "DeviceState", "ReplayLogDevice", "weights_of",
-           "check_isa_version"]
+__all__ = ["CheckpointLike", "Device", "DeviceError", "DeviceState", "ReplayLogDevice", "weights_of"]
 
 
 class DeviceError(RuntimeError):
@@ -50,36 +49,6 @@ class DeviceError(RuntimeError):
 
     Bad *arguments* (an out-of-range token id, an empty prompt) raise :class:`ValueError` instead.
     """
-
-
-#: What each ISA version changed, for the message that refuses a bitstream of another version.
-_ISA_HISTORY = {
-    1: "the arithmetic before the released checkpoints' numerics (no BitLinear eps, codes rounded half up); "
-       "the ECP5 bitstreams committed before ISA 2 (bitstreams/ulx3s-85f, bitstreams/ecpix5-85f) are such builds",
-}
-
-
-def check_isa_version(device: str, found: int, board: str | None = None) -> None:
-    """Refuse a core whose ID block reports another ISA version than :data:`hw.isa.ISA_VERSION`.
-
-    Raises
-    ------
-    DeviceError
-        Saying which side is older and what to rebuild (``make bitstream BOARD=<board>`` when the board
-        is known).
-    """
-    from hw import isa
-
-    if found == isa.ISA_VERSION:
-        return
-    if found < isa.ISA_VERSION:
-        what = _ISA_HISTORY.get(found, "an older instruction set")
-        how = f"`make bitstream BOARD={board}`" if board else "`make bitstream BOARD=<board>`"
-        raise DeviceError(f"device {device!r}: the bitstream's core implements ISA version {found} ({what}); "
-                          f"this host speaks ISA {isa.ISA_VERSION} and its images would compute differently: "
-                          f"rebuild the bitstream with {how} and load it")
-    raise DeviceError(f"device {device!r}: the bitstream's core implements ISA version {found}, newer than this "
-                      f"host's ISA {isa.ISA_VERSION}: update the host (git pull) to the bitstream's revision")
 
 
 @runtime_checkable

@@ -25,17 +25,15 @@ import time
 from collections import deque
 from typing import Any
 
-import numpy as np
-
-from host.devices.base import DeviceError, ReplayLogDevice, check_isa_version
-from host.image import ParsedImage, parse_image
-from host.model import ModelWeights
+from host.devices.base import DeviceError
+from host.devices.driver import AcceleratorDevice, Delivery
+from host.image import ImageInfo
+from host.protocol import DeviceTimeout, IdBlock, token_packet_bytes
 from hw import isa
-from hw import numerics as nx
 from hw.boards import uart_link as ul
-from hw.isa import Counter, ErrorCause, TritPacking
+from hw.isa import Ctrl, TritPacking
 
-__all__ = ["Ecp5Device", "LinkError", "LinkTimeout", "UartLink", "DEFAULT_PORT", "DEFAULT_BAUD",
+__all__ = ["Ecp5Device", "Ecp5Transport", "LinkError", "LinkTimeout", "UartLink", "DEFAULT_PORT", "DEFAULT_BAUD",
            "token_seconds"]
 
 #: serial port used when none is given (``MMFREE_ECP5_PORT`` overrides)
@@ -58,7 +56,7 @@ class LinkError(DeviceError):
     """The link returned something the protocol does not allow (lost framing, a wrong reply)."""
 
 
-class LinkTimeout(LinkError):
+class LinkTimeout(LinkError, DeviceTimeout):
     """No reply within the time-out: no board, a board without the bitstream, or a hung link."""
 
 
@@ -203,8 +201,95 @@ class UartLink:
             raise ValueError(f"register address must be a word in 0..0x{_R.SIZE - 4:x}, got {addr!r}")
 
 
-class Ecp5Device(ReplayLogDevice):
-    """An ECP5 board (``bitstreams/ulx3s-85f`` or ``bitstreams/ecpix5-85f``) over its serial port.
+class Ecp5Transport:
+    """The board's UART link (:class:`UartLink`) as a :class:`~host.devices.driver.Transport`: per token the
+    token packet and then the whole image through ``'S'`` (the board has no DRAM for the image yet), the output
+    packet from the ``'o'`` frames, registers through ``'R'``/``'W'``, the core reset through ``'X'``.
+
+    Parameters
+    ----------
+    port_name, baud, timeout, serial
+        As :class:`Ecp5Device`.
+    """
+
+    extra_counters = ("link_bytes", "link_ns")
+
+    def __init__(self, port_name: str, baud: int, timeout: float, serial: Any = None) -> None:
+        self.port_name, self.baud, self.timeout = port_name, baud, timeout
+        self._serial = serial
+        self.link: UartLink | None = None
+        self.stream: bytes = b""
+
+    def connect(self, info: ImageInfo | None) -> None:
+        """Open the port (once) and resynchronise the link."""
+        if self.link is not None:
+            return
+        port = self._serial
+        if port is None:
+            try:
+                import serial  # pyserial, imported only for a real port
+            except ImportError as exc:
+                raise DeviceError("device 'ecp5' needs pyserial: pip install 'mmfree-fpga[ecp5]'") from exc
+            try:
+                port = serial.Serial(self.port_name, self.baud, timeout=self.timeout)
+            except (OSError, serial.SerialException) as exc:
+                raise DeviceError(f"device 'ecp5': cannot open {self.port_name} at {self.baud} baud: {exc} "
+                                  f"(set MMFREE_ECP5_PORT to the serial port)") from exc
+        self.link = UartLink(port, timeout=self.timeout)
+        try:
+            self.link.resync(0.0)
+            self.link.reset_core()
+        except DeviceError:
+            self.close()
+            raise
+
+    def check_ident(self, ident: IdBlock) -> None:
+        """The link drives one 64-bit channel."""
+        if ident.channels != 1 or ident.bus_bits != ul.BEAT_BYTES * 8:
+            self.close()
+            raise DeviceError(f"device 'ecp5': the link drives one 64-bit channel; the board reports "
+                              f"{ident.channels} channel(s) of {ident.bus_bits} bits")
+
+    def read(self, offset: int) -> int:
+        return self.link.read(offset)
+
+    def write(self, offset: int, value: int) -> None:
+        self.link.write(offset, value)
+
+    def reset(self) -> None:
+        self.link.reset_core()
+
+    def stage(self, streams, out_bytes: int) -> None:
+        (self.stream,) = streams
+
+    def run(self, packet: bytes, deadline: float | None, poll) -> Delivery:
+        """The token packet and the image, then the core's STATUS, then its output packet (up to 10 time-outs)."""
+        link = self.link
+        t0 = time.perf_counter_ns()
+        link.stream(packet, last=True)
+        link.stream(self.stream, last=True)
+        poll()
+        out = link.read_output(10 * self.timeout)
+        return Delivery(out, None, {"link_bytes": len(packet) + len(self.stream),
+                                    "link_ns": time.perf_counter_ns() - t0})
+
+    def recover(self, timed_out: bool) -> None:
+        if timed_out:       # the link lost its framing or the board stopped answering: resynchronise, reset
+            self.link.resync()
+            self.link.reset_core()
+        else:               # the core stopped the token: it waits for the next token packet
+            self.link.write(_R.CTRL, Ctrl.CLEAR.value)
+            self.link.output.clear()
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+
+
+class Ecp5Device(AcceleratorDevice):
+    """An ECP5 board (``bitstreams/ulx3s-85f`` or ``bitstreams/ecpix5-85f``) over its serial port: the one driver
+    (:class:`~host.devices.driver.AcceleratorDevice`) over :class:`Ecp5Transport`.
 
     Parameters
     ----------
@@ -232,7 +317,6 @@ class Ecp5Device(ReplayLogDevice):
 
     def __init__(self, *, port: str | None = None, baud: int | None = None, timeout: float = 2.0,
                  output_gate: str = "released", serial: Any = None) -> None:
-        super().__init__()
         if baud is None:
             env = os.environ.get("MMFREE_ECP5_BAUD", "")
             try:
@@ -243,161 +327,27 @@ class Ecp5Device(ReplayLogDevice):
                 raise ValueError(f"MMFREE_ECP5_BAUD must be a positive integer rate in bits/s, got {env!r}")
         if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
             raise ValueError(f"baud must be a positive integer, got {baud!r}")
-        self.port_name = port or os.environ.get("MMFREE_ECP5_PORT", DEFAULT_PORT)
-        self.baud, self.timeout, self.output_gate = baud, float(timeout), output_gate
-        self._serial = serial
-        self.link: UartLink | None = None
-        self.id_block: dict[int, int] | None = None
-        self.image: ParsedImage | None = None
-        self._stream: bytes = b""
-        self._emb: np.ndarray | None = None
-        self._frac = 0
-        self._log: list[int] = []
-        self._lost = False
-        self._base = {c: 0 for c in Counter}
-        self._counters.update({f"hw_{c.name.lower()}": 0 for c in Counter})
-        self._counters.update({"link_bytes": 0, "link_ns": 0, "replayed_tokens": 0})
+        port_name = port or os.environ.get("MMFREE_ECP5_PORT", DEFAULT_PORT)
+        super().__init__(Ecp5Transport(port_name, baud, float(timeout), serial), output_gate=output_gate)
+        self.port_name, self.baud, self.timeout = port_name, baud, float(timeout)
 
-    # ------------------------------------------------------------------ open
-    def _open(self) -> UartLink:
-        if self.link is not None:
-            return self.link
-        port = self._serial
-        if port is None:
-            try:
-                import serial  # pyserial, imported only for a real port
-            except ImportError as exc:
-                raise DeviceError("device 'ecp5' needs pyserial: pip install 'mmfree-fpga[ecp5]'") from exc
-            try:
-                port = serial.Serial(self.port_name, self.baud, timeout=self.timeout)
-            except (OSError, serial.SerialException) as exc:
-                raise DeviceError(f"device 'ecp5': cannot open {self.port_name} at {self.baud} baud: {exc} "
-                                  f"(set MMFREE_ECP5_PORT to the serial port)") from exc
-        self.link = UartLink(port, timeout=self.timeout)
-        try:
-            self.link.resync(0.0)
-            self.link.reset_core()
-            self.id_block = self._check_id()
-        except DeviceError:
-            self.link.close()
-            self.link = None
-            raise
-        return self.link
+    link = property(lambda self: self.transport.link, doc="The open :class:`UartLink` (or None).")
 
-    def _check_id(self) -> dict[int, int]:
-        link = self.link
-        magic = link.read(_R.ID_MAGIC)
-        if magic != isa.ID_MAGIC:
-            raise DeviceError(f"device 'ecp5': ID magic 0x{magic:08x}, expected 0x{isa.ID_MAGIC:08x}: not the mmfree "
-                              f"bitstream")
-        ids = {off: link.read(off) for off in range(0, _R.CTRL, 4)}
-        check_isa_version("ecp5", ids[_R.ID_VERSION])
-        if ids[_R.ID_CHANNELS] != 1 or ids[_R.ID_BUS_BITS] != ul.BEAT_BYTES * 8:
-            raise DeviceError(f"device 'ecp5': the link drives one 64-bit channel; the board reports "
-                              f"{ids[_R.ID_CHANNELS]} channel(s) of {ids[_R.ID_BUS_BITS]} bits")
-        return ids
+    @property
+    def id_block(self) -> dict[int, int] | None:
+        """The ID block's registers, ``{offset: value}`` (None before the board is opened)."""
+        return self.ident.registers() if self.ident is not None else None
 
     @property
     def packing(self) -> TritPacking:
-        mask = self.id_block[_R.ID_PACKINGS] if self.id_block else 1
-        for p in TritPacking:
-            if mask >> p.value & 1:
-                return p
-        raise DeviceError(f"device 'ecp5': the ID block names no packing (mask 0x{mask:x})")
-
-    # ------------------------------------------------------------------ load
-    def _load(self, weights: ModelWeights) -> None:
-        from host.compiler import CompileOptions, compile_model
-        from host.devices.rtl import channel_streams
-
-        self._open()
-        cfg = weights.config
-        ids = self.id_block
-        need = {_R.ID_MAX_HIDDEN: cfg.hidden_size, _R.ID_MAX_INTERMEDIATE: cfg.intermediate_size,
-                _R.ID_MAX_LAYERS: 1 << max(cfg.num_hidden_layers - 1, 0).bit_length(), _R.ID_MAX_VOCAB: cfg.vocab_size}
-        small = {f"0x{o:02x}": (ids[o], v) for o, v in need.items() if ids[o] < v}
-        if small:
-            raise DeviceError(f"device 'ecp5': the model does not fit the bitstream's buffers (register: (capacity, "
-                              f"needed)): {small}")
-        options = CompileOptions(packing=self.packing, channels=1, output_gate=self.output_gate)
-        self.image = parse_image(compile_model(weights, options))
-        (self._stream,) = channel_streams(self.image, 1)
-        self._emb, self._frac = weights.embeddings, self.image.info.residual_frac
-        self._reset()
-
-    # ------------------------------------------------------------------ tokens
-    def token_packet(self, token_id: int, position: int = 0, logits: bool = True) -> bytes:
-        """The host's embedding lookup for one token (the golden device's packet, byte for byte)."""
-        from host.devices.golden import make_token_packet
-
-        return make_token_packet(nx.to_fixed(self._emb[token_id], self._frac), position=position, logits=logits)
-
-    def run_packet(self, packet: bytes) -> bytes:
-        """Send one token packet and the image, return the core's output packet.
-
-        Raises
-        ------
-        DeviceError
-            The core stopped the token (its cause and instruction; the committed state is unchanged and
-            the error is cleared), or the link timed out (the link is resynchronised and the core reset:
-            the state must be replayed).
-        """
-        link = self.link
-        t0 = time.perf_counter_ns()
-        try:
-            link.stream(packet, last=True)
-            link.stream(self._stream, last=True)
-            status = link.read(_R.STATUS)
-            if status & 4:
-                cause, where = link.read(_R.ERROR_CAUSE), link.read(_R.ERROR_WHERE)
-                link.write(_R.CTRL, isa.Ctrl.CLEAR.value)      # wait for the next token packet
-                link.output.clear()
-                try:
-                    name = ErrorCause(cause).name
-                except ValueError:
-                    name = f"cause {cause}"
-                raise DeviceError(f"device 'ecp5': the core stopped the token with {name} at instruction {where}; "
-                                  f"its committed state is unchanged")
-            out = link.read_output(10 * self.timeout)
-        except LinkTimeout:
-            link.resync()
-            link.reset_core()
-            self._lost = True
-            raise
-        self._counters["link_bytes"] += len(packet) + len(self._stream)
-        self._counters["link_ns"] += time.perf_counter_ns() - t0
-        self._read_counters()
-        return out
-
-    def _read_counters(self) -> None:
-        for c in Counter:
-            lo, hi = self.link.read(_R.counter(c)), self.link.read(_R.counter(c) + 4)
-            v = lo | hi << 32
-            self._counters[f"hw_{c.name.lower()}"] += v - self._base[c]
-            self._base[c] = v
-
-    def _run(self, token_id: int, position: int) -> np.ndarray:
-        from host.devices.golden import parse_output_packet
-
-        out = self.run_packet(self.token_packet(token_id, position))
-        try:
-            return parse_output_packet(out).logits()
-        except ValueError as exc:
-            raise DeviceError(f"device 'ecp5': bad output packet from the core: {exc}") from exc
-
-    def _reset(self) -> None:
-        self.link.reset_core()
-        self._base = {c: 0 for c in Counter}
-        self._log = []
-        self._lost = False
-
-    def _close(self) -> None:
-        if self.link is not None:
-            self.link.close()
-            self.link = None
+        """The packing images for this board are compiled with."""
+        if self.ident is None or self.ident.packing is None:
+            mask = self.ident.packings if self.ident is not None else 0
+            raise DeviceError(f"device 'ecp5': the ID block names no packing (mask 0x{mask:x})")
+        return self.ident.packing
 
     def seconds_per_token(self) -> float | None:
         """Wire-time lower bound of one token for the loaded image at this baud rate."""
         if self.image is None:
             return None
-        return token_seconds(len(self._stream) + len(self.token_packet(0)), self.baud)
+        return token_seconds(len(self.transport.stream) + token_packet_bytes(self.image.info.hidden), self.baud)

@@ -1,14 +1,16 @@
 """The golden device: an instruction-set simulator that executes model images exactly as the hardware.
 
-:func:`run_token` is a pure function of (image, token packet, recurrent state) returning (output packet,
-new state, counters): the oracle of every hardware test (DESIGN.md section 2). All arithmetic is the
-integer arithmetic of :mod:`hw.numerics`; the ternary GEMV runs directly on the image's packed bytes
-(a numba kernel that decodes trits as the hardware's gearbox does), so the device holds the image and
-nothing bigger. The recurrent state is committed only by END_TOKEN: a token that fails leaves it as it
-was.
+:meth:`GoldenMachine.run_token` is a pure function of (image, token packet, recurrent state) returning
+(output packet, new state, activity counts): the oracle of every hardware test (DESIGN.md section 2). All
+arithmetic is the integer arithmetic of :mod:`hw.numerics`; the ternary GEMV runs directly on the image's
+packed bytes (a numba kernel that decodes trits as the hardware's gearbox does), so the device holds the image
+and nothing bigger. The recurrent state is committed only by END_TOKEN: a token that fails leaves it as it
+was. Packets are :mod:`host.protocol`'s.
 
-Counters are those of :class:`hw.isa.Counter`, predicted by the cycle model of :mod:`host.perf` for the
-device's :class:`~host.perf.BuildParams` (activity counts are exact; cycles are the model's).
+Activity counts (trits, non-zero trits, epilogue elements, instructions, tokens, stream and output bytes)
+are the oracle's, exact and independent of any build. Cycle counters (``CYCLES``, stalls, beats...) belong to
+a build: :class:`CycleModel`, beside the oracle, predicts them with the cycle model of :mod:`host.perf` for a
+:class:`~host.perf.BuildParams`; :class:`GoldenDevice` reports both, as the hardware's counters.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,13 +36,30 @@ from host.image import (
     parse_image,
 )
 from host.model import ModelWeights
-from host.perf import BuildParams, token_counters
+from host.protocol import (
+    check_token_packet,
+    embedding_packet,
+    make_output_packet,
+    make_token_packet,
+    parse_output_packet,
+    token_packet_bytes,
+)
 from hw import isa
 from hw import numerics as nx
-from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode, OutputTrailer, TokenHeader
+from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode
 
-__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "make_token_packet", "make_output_packet",
-           "parse_output_packet", "OutputPacket", "check_token_packet", "run_stream", "StreamOutcome"]
+if TYPE_CHECKING:
+    from host.perf import BuildParams
+
+__all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "CycleModel", "ACTIVITY_COUNTERS", "run_stream",
+           "StreamOutcome",
+           # the packets are host.protocol's; these three stay importable from here for the callers outside the
+           # host runtime (tests/hw, tests/test_isa.py, tests/test_golden_engine.py, bench/, golden_engine.py)
+           "make_token_packet", "make_output_packet", "parse_output_packet"]
+
+#: The counters the oracle counts exactly (the work done); the others are the cycle model's (:class:`CycleModel`).
+ACTIVITY_COUNTERS = (Counter.TRITS, Counter.NONZERO_TRITS, Counter.EPILOGUE_ELEMENTS, Counter.INSTRUCTIONS,
+                     Counter.TOKENS)
 
 M = MicroOpcode
 _BASE3 = isa.BASE3_DECODE.astype(np.int32)
@@ -119,141 +138,77 @@ def _kernels():
     return _KERNELS
 
 
-# ------------------------------------------------------------------------------------------ packets
-def make_token_packet(x: np.ndarray, *, position: int = 0, logits: bool = True) -> bytes:
-    """Token packet: header, the embedding in the residual format (int32 words), CRC.
-
-    Parameters
-    ----------
-    x : ndarray, shape [H], integer (already in the residual format, see :func:`hw.numerics.to_fixed`)
-    """
-    words = np.asarray(x, dtype=np.int64)
-    if words.size and (words.min() < nx.INT32_MIN or words.max() > nx.INT32_MAX):
-        raise ValueError("token packet values must fit int32")
-    head = isa.pack(TokenHeader, {"magic": isa.TOKEN_MAGIC, "position": position & 0xFFFFFFFF,
-                                  "flags": int(bool(logits)), "length": words.size})
-    body = words.astype("<i4").tobytes()
-    return _seal(head + body)
-
-
-def _seal(raw: bytes) -> bytes:
-    """Zero-pad to whole sections with room for the CRC word, which goes last."""
-    raw = raw + bytes(isa.section_pad(len(raw) + 4))
-    return raw + isa.crc32_words(raw).to_bytes(4, "little")
-
-
-def check_token_packet(packet: bytes, max_hidden: int = isa.MAX_HIDDEN) -> tuple[np.ndarray, int, int]:
-    """A token packet's own checks, in the core's order (docs/ISA.md section 5): magic (word 0), ``length``
-    (word 3: 1..``max_hidden``, the build's), the packet's size (``tlast`` on the last word of a packet of
-    ``16 + 4 length + 4`` bytes padded to sections), CRC. Its length against the image's hidden size is
-    checked after the image header.
-
-    Returns
-    -------
-    (x, flags, position): int64 [length], int, int
-
-    Raises
-    ------
-    ImageError
-        TOKEN_MAGIC, TOKEN_LENGTH, TOKEN_CRC (no instruction).
-    """
-    hb = isa.layout_bytes(TokenHeader)
-    if len(packet) >= 4 and int.from_bytes(packet[:4], "little") != isa.TOKEN_MAGIC:
-        raise ImageError(ErrorCause.TOKEN_MAGIC, f"token packet magic 0x{int.from_bytes(packet[:4], 'little'):08x}")
-    if len(packet) < hb:
-        raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {len(packet)} bytes")
-    h = isa.unpack(TokenHeader, packet[:hb])
-    if not 1 <= h.length <= max_hidden:
-        raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {h.length} words (1..{max_hidden})")
-    if len(packet) != _packet_bytes(h.length, hb):
-        raise ImageError(ErrorCause.TOKEN_LENGTH, f"token packet of {len(packet)} bytes, its {h.length} words "
-                         f"need {_packet_bytes(h.length, hb)}")
-    if isa.crc32_words(packet[:-4]) != int.from_bytes(packet[-4:], "little"):
-        raise ImageError(ErrorCause.TOKEN_CRC, "token packet CRC mismatch")
-    x = np.frombuffer(packet[hb:hb + 4 * h.length], dtype="<i4").astype(np.int64)
-    return x, h.flags, h.position
-
-
-def _packet_bytes(payload_words: int, header_bytes: int) -> int:
-    n = header_bytes + 4 * payload_words + 4
-    return n + isa.section_pad(n)
-
-
-@dataclass(frozen=True)
-class OutputPacket:
-    """A decoded output packet."""
-
-    position: int
-    argmax: int
-    max_acc: int
-    scale_mant: int
-    scale_shift: int
-    logits_acc: np.ndarray   #: int64 [V] raw accumulators (empty when not requested)
-
-    def logits(self) -> np.ndarray:
-        """Dequantized logits, float32 [V]: ``acc * scale_mant * 2**-scale_shift``."""
-        return (self.logits_acc.astype(np.float64) * self.scale_mant * 2.0 ** -self.scale_shift).astype(np.float32)
-
-
-def parse_output_packet(raw: bytes) -> OutputPacket:
-    """Decode and check an output packet (logits, padding, :class:`hw.isa.OutputTrailer`).
-
-    Raises
-    ------
-    ValueError
-        Bad length, magic or CRC.
-    """
-    tb = isa.layout_bytes(OutputTrailer)
-    if len(raw) < tb or len(raw) % isa.SECTION_BYTES:
-        raise ValueError(f"output packet of {len(raw)} bytes (a multiple of {isa.SECTION_BYTES} expected)")
-    t = isa.unpack(OutputTrailer, raw[-tb:])
-    if t.magic != isa.OUTPUT_MAGIC:
-        raise ValueError(f"output packet magic 0x{t.magic:08x}")
-    n = t.n_logits
-    if len(raw) != _packet_bytes(n, tb - 4):
-        raise ValueError(f"output packet of {len(raw)} bytes, its trailer announces {n} logits")
-    if isa.crc32_words(raw[:-4]) != t.crc:
-        raise ValueError("output packet CRC mismatch")
-    acc = np.frombuffer(raw[:4 * n], dtype="<i4").astype(np.int64)
-    return OutputPacket(t.position, t.argmax, t.max_acc, t.scale_mant, t.scale_shift, acc)
-
-
-def make_output_packet(logits_acc: np.ndarray, *, position: int, argmax: int, max_acc: int, scale_mant: int,
-                       scale_shift: int) -> bytes:
-    """An output packet as the accelerator sends it (the golden device's, and the RTL's expected bytes)."""
-    body = nx.sat32(np.asarray(logits_acc, dtype=np.int64)).astype("<i4").tobytes()
-    tb = isa.layout_bytes(OutputTrailer)
-    body += bytes(isa.section_pad(len(body) + tb))
-    trailer = isa.pack(OutputTrailer, {"magic": isa.OUTPUT_MAGIC, "position": position & 0xFFFFFFFF,
-                                       "argmax": argmax, "max_acc": int(np.clip(max_acc, nx.INT32_MIN, nx.INT32_MAX)),
-                                       "scale_mant": scale_mant, "scale_shift": scale_shift,
-                                       "n_logits": int(np.size(logits_acc))})
-    trailer = trailer[:-4]
-    raw = body + trailer
-    return raw + isa.crc32_words(raw).to_bytes(4, "little")
-
-
 # ------------------------------------------------------------------------------------------ machine
 @dataclass
 class TokenResult:
-    """Everything one token produced."""
+    """Everything one token produced.
 
-    output: bytes                      #: the output packet
-    state: np.ndarray                  #: new recurrent state, int64 [L, H] (STATE_FRAC)
-    counters: dict[Counter, int]       #: whole-token counters
+    Attributes
+    ----------
+    output : bytes
+        The output packet.
+    state : ndarray, int64 [L, H]
+        New recurrent state (STATE_FRAC).
+    counters : dict[Counter, int]
+        Whole-token counters: the activity counts (:data:`ACTIVITY_COUNTERS`), and, when a build's
+        :class:`CycleModel` is beside the machine, every other counter as that model predicts it.
+    per_instruction : list of dict[Counter, int]
+        The same per instruction.
+    trace : dict or None
+        Dequantized outputs per instruction (``run_token(..., trace=True)``).
+    stream_bytes : tuple of int
+        Bytes each channel carried (channel 0: the token packet and its image stream).
+    output_bytes : int
+        Bytes of the output packet.
+    """
+
+    output: bytes
+    state: np.ndarray
+    counters: dict[Counter, int]
     per_instruction: list[dict[Counter, int]] = field(default_factory=list)
     trace: dict[str, list[np.ndarray]] | None = None
+    stream_bytes: tuple[int, ...] = ()
+    output_bytes: int = 0
+
+
+class CycleModel:
+    """The cycle counters of one image on one build (:func:`host.perf.token_counters`), beside the oracle.
+
+    The model predicts every :class:`~hw.isa.Counter`; :meth:`counters` keeps its timing (cycles, stalls, beats)
+    and takes the activity counts from the oracle's exact ones.
+
+    Raises
+    ------
+    host.image.ImageError
+        BAD_SHAPE when the image is compiled for another channel count than the build's.
+    """
+
+    def __init__(self, image: ParsedImage, build: BuildParams):
+        from host.perf import token_counters
+
+        if build.channels != image.info.channels:
+            raise ImageError(ErrorCause.BAD_SHAPE, f"image compiled for {image.info.channels} channel(s), the "
+                             f"build has {build.channels}")
+        self.build = build
+        # the sequencer prefetches the next instruction while one runs: counters come from the token's timeline
+        self.per_instruction, self.totals = token_counters(image.instructions, image.info, build)
+
+    def counters(self, activity: list[dict[Counter, int]]) -> tuple[list[dict[Counter, int]], dict[Counter, int]]:
+        """``(per instruction, whole token)``: the model's timing with the oracle's activity per instruction."""
+        per = [{**timing, **act} for timing, act in zip(self.per_instruction, activity, strict=True)]
+        return per, {k: sum(c[k] for c in per) for k in Counter}
 
 
 class GoldenMachine:
-    """A parsed image ready to run tokens.
+    """A parsed image ready to run tokens: the oracle.
 
     Parameters
     ----------
     image : bytes
         A model image (:func:`host.compiler.compile_model`). Parsed and validated here.
-    build : BuildParams
-        The accelerator instance whose counters are predicted.
+    build : BuildParams, optional
+        A build whose cycle counters :meth:`run_token` adds (a :class:`CycleModel` beside the oracle); without
+        it a token's counters are the activity counts only, which depend on nothing but the image.
     engine : bool, default True
         Run well-formed tokens with the compiled whole-token engine (:mod:`host.devices.golden_engine`,
         bit-identical, several times faster); False runs this module's interpreter (:class:`_Executor`), the
@@ -262,7 +217,7 @@ class GoldenMachine:
     Raises
     ------
     host.image.ImageError
-        On a bad image.
+        On a bad image (or one of another channel count than ``build``).
     """
 
     def __init__(self, image: bytes | ParsedImage, build: BuildParams | None = None, *, engine: bool = True):
@@ -270,17 +225,38 @@ class GoldenMachine:
         self._engine = None   # built on the first token: tests that never run one stay fast
         self.image = image if isinstance(image, ParsedImage) else parse_image(image)
         self.info = self.image.info
-        self.build = build or BuildParams(channels=self.info.channels)
-        if self.build.channels != self.info.channels:
-            raise ImageError(ErrorCause.BAD_SHAPE, f"image compiled for {self.info.channels} channel(s), the "
-                             f"build has {self.build.channels}")
         self.table = nx.sigmoid_table(self.info.lut_segments_log2, self.info.gate_frac)
         packed = self.info.packing is isa.TritPacking.BASE3
         self._lut, self._per_byte = (_BASE3, 5) if packed else (_BITS2, 4)
-        # the sequencer prefetches the next instruction while one runs: counters come from the token's timeline
-        self._counters, self._totals = token_counters(self.image.instructions, self.info, self.build)
         self._nonzero: list[int] | None = None
-        self._nonzero_total = sum(self.nonzero_trits())   # an activity count for the power estimate
+        self.activity = self._activity()
+        self.build = build
+        self.timing = CycleModel(self.image, build) if build is not None else None
+        if self.timing is not None:
+            self._counters, self._totals = self.timing.counters(self.activity)
+        else:
+            self._counters = self.activity
+            self._totals = {k: sum(c[k] for c in self.activity) for k in ACTIVITY_COUNTERS}
+        self.stream_bytes = self._stream_bytes()
+
+    def _activity(self) -> list[dict[Counter, int]]:
+        """The work of each instruction of a token (the same every token: the program has no branches)."""
+        out = []
+        for ins, nz in zip(self.image.instructions, self.nonzero_trits(), strict=True):
+            gemv = ins.opcode is Opcode.GEMV
+            out.append({Counter.TRITS: ins.n * ins.k if gemv else 0, Counter.NONZERO_TRITS: nz,
+                        Counter.EPILOGUE_ELEMENTS: 0 if ins.opcode is Opcode.END_TOKEN else ins.n,
+                        Counter.INSTRUCTIONS: 1, Counter.TOKENS: int(ins.opcode is Opcode.END_TOKEN)})
+        return out
+
+    def _stream_bytes(self) -> tuple[int, ...]:
+        """Bytes per channel of one token: the image's channel streams, the token packet on channel 0."""
+        per = [0] * self.info.channels
+        for ins in self.image.instructions:
+            for c, blk in enumerate(ins.blocks):
+                per[c] += blk.nbytes
+        per[0] = self.info.image_bytes - sum(per[1:]) + token_packet_bytes(self.info.hidden)
+        return tuple(per)
 
     @property
     def image_bytes(self) -> int:
@@ -323,7 +299,7 @@ class GoldenMachine:
         Parameters
         ----------
         packet : bytes
-            Token packet (:func:`make_token_packet`).
+            Token packet (:func:`host.protocol.make_token_packet`).
         state : ndarray, int64 [L, H]
             Committed recurrent state (not modified).
         trace : bool
@@ -349,10 +325,10 @@ class GoldenMachine:
         else:
             output, new_state = _Executor(info, self.table, self._lut, self._per_byte).run(
                 iter(self.image.instructions), token, flags, position, state, tr)
-        total = dict(self._totals)
-        total[Counter.NONZERO_TRITS] = self._nonzero_total
-        return TokenResult(output=output, state=new_state, counters=total, per_instruction=self._counters,
-                           trace=tr)
+        return TokenResult(output=output, state=new_state, counters=dict(self._totals),
+                           per_instruction=[dict(c) for c in self._counters], trace=tr,
+                           stream_bytes=self.stream_bytes, output_bytes=len(output))
+
 
 class _Executor:
     """Runs checked instructions one after the other (the machine of docs/ISA.md section 3), so that an error
@@ -538,7 +514,7 @@ def run_stream(image: bytes, packet: bytes, state: np.ndarray, limits: BuildLimi
         n = int.from_bytes(packet[12:16], "little")
         if 1 <= n <= limits.max_hidden:
             stream = bytes(packet) + bytes(image)
-            cut = _packet_bytes(n, isa.layout_bytes(TokenHeader))
+            cut = token_packet_bytes(n)
             packet, image = stream[:cut], stream[cut:]
     mv = memoryview(bytes(image))
     ex: _Executor | None = None
@@ -596,7 +572,8 @@ class GoldenDevice(Device):
     packing : str or TritPacking
         ``"base3"`` (default) or ``"bits2"``.
     channels, lanes, bus_bits, quant_lanes, fmax_mhz, epilogue_folded
-        Build parameters whose counters are predicted (:class:`host.perf.BuildParams`).
+        Build parameters whose cycle counters are predicted (:class:`host.perf.BuildParams`, by the
+        :class:`CycleModel` beside the oracle).
     output_gate : {"released", "paper"}
     engine : bool, default True
         Tokens run by the compiled whole-token engine (:mod:`host.devices.golden_engine`), bit-identical to
@@ -616,11 +593,13 @@ class GoldenDevice(Device):
             except KeyError:
                 raise ValueError(f"packing must be 'base3' or 'bits2', got {packing!r}") from None
         from host.compiler import CompileOptions
+        from host.perf import BuildParams
 
         self.options = CompileOptions(packing=packing, channels=channels, output_gate=output_gate)
         self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
                                  fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
         self.machine: GoldenMachine | None = None
+        self.timing: CycleModel | None = None
         self._state: np.ndarray | None = None
         self._emb: np.ndarray | None = None
         self.last: TokenResult | None = None
@@ -628,17 +607,19 @@ class GoldenDevice(Device):
     def _load(self, weights: ModelWeights) -> None:
         from host.compiler import compile_model
 
-        image = compile_model(weights, self.options)
-        self.machine = GoldenMachine(image, self.build, engine=self.engine)
-        self._emb = weights.embeddings
-        self._frac = self.machine.info.residual_frac
-        self._reset()
+        self._take(compile_model(weights, self.options), weights.embeddings, None)
 
     def _load_image(self, bundle) -> None:
         """Run a compiled bundle's image; its embeddings are already in the residual format."""
-        self.machine = GoldenMachine(bundle.image, self.build, engine=self.engine)
-        self._emb = np.asarray(bundle.embeddings, dtype=np.int32)
-        self._frac = None   # fixed-point rows: the token packet carries them as they are
+        self._take(bundle.image, np.asarray(bundle.embeddings, dtype=np.int32), False)
+
+    def _take(self, image: bytes, embeddings: np.ndarray, convert: bool | None) -> None:
+        machine = GoldenMachine(image, engine=self.engine)
+        self.timing = CycleModel(machine.image, self.build)
+        self.machine = machine
+        self._emb = embeddings
+        # float rows are converted per token; a bundle's fixed-point rows are carried as they are
+        self._frac = machine.info.residual_frac if convert is None else None
         self._reset()
 
     def _reset(self) -> None:
@@ -646,12 +627,13 @@ class GoldenDevice(Device):
 
     def token_packet(self, token_id: int, position: int = 0, logits: bool = True) -> bytes:
         """The host's embedding lookup for one token, as the accelerator receives it."""
-        row = self._emb[token_id] if self._frac is None else nx.to_fixed(self._emb[token_id], self._frac)
-        return make_token_packet(row, position=position, logits=logits)
+        return embedding_packet(self._emb, token_id, frac=self._frac, position=position, logits=logits)
 
     def _step(self, token_id: int) -> np.ndarray:
         res = self.machine.run_token(self.token_packet(token_id, self.position), self._state)
         self._state = res.state
+        # the hardware's counters: the oracle's activity, the build's cycle model for the timing
+        res.per_instruction, res.counters = self.timing.counters(res.per_instruction)
         self.last = res
         for k, v in res.counters.items():
             key = f"hw_{k.name.lower()}"

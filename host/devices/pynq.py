@@ -28,9 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from host.devices.base import DeviceError
-from host.devices.board import BoardDevice
+from host.devices.board import ShellTransport
+from host.devices.driver import AcceleratorDevice
+from host.protocol import IdBlock
 
-__all__ = ["PynqDevice", "DMA_MAX_BYTES"]
+__all__ = ["PynqDevice", "PynqTransport", "DMA_MAX_BYTES"]
 
 #: The AXI DMA's largest simple-mode transfer (26-bit length register), rounded down to whole 4 KiB pages.
 DMA_MAX_BYTES = ((1 << 26) - 1) & ~0xFFF
@@ -45,7 +47,7 @@ def _default_bitstream() -> Path:
     return Path("mmfree.bit")
 
 
-class PynqDevice(BoardDevice):
+class PynqDevice(AcceleratorDevice):
     """The accelerator on a PYNQ board.
 
     Parameters
@@ -77,11 +79,34 @@ class PynqDevice(BoardDevice):
     def __init__(self, *, bitstream: str | Path | None = None, download: bool = True, timeout_s: float = 10.0,
                  chunk_bytes: int = DMA_MAX_BYTES, core_name: str = "core", dma_prefix: str = "dma",
                  output_gate: str = "released") -> None:
-        super().__init__(timeout_s=timeout_s, output_gate=output_gate)
         if (not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0
                 or chunk_bytes % 4096 or chunk_bytes > DMA_MAX_BYTES):
             raise ValueError(f"chunk_bytes must be a positive multiple of 4096 up to {DMA_MAX_BYTES}, got "
                              f"{chunk_bytes!r}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        transport = PynqTransport(bitstream, download=download, chunk_bytes=chunk_bytes, core_name=core_name,
+                                  dma_prefix=dma_prefix)
+        super().__init__(transport, timeout_s=timeout_s, output_gate=output_gate)
+        self.connect()
+
+    bitstream = property(lambda self: self.transport.bitstream)
+    overlay = property(lambda self: self.transport.overlay)
+    dmas = property(lambda self: self.transport.dmas)
+    chunk_bytes = property(lambda self: self.transport.chunk_bytes)
+
+
+class PynqTransport(ShellTransport):
+    """The overlay's core registers (MMIO) and AXI DMAs as a :class:`~host.devices.driver.Transport`.
+
+    Parameters
+    ----------
+    bitstream, download, chunk_bytes, core_name, dma_prefix
+        As :class:`PynqDevice`.
+    """
+
+    def __init__(self, bitstream: str | Path | None, *, download: bool, chunk_bytes: int, core_name: str,
+                 dma_prefix: str) -> None:
         self.chunk_bytes = chunk_bytes
         path = Path(bitstream) if bitstream is not None else _default_bitstream()
         try:
@@ -108,20 +133,25 @@ class PynqDevice(BoardDevice):
         self._tok = None
         self._out = None
         self._out_bytes = 0
-        self._open_core()
-        self.dmas = []
-        for c in range(self.build["channels"]):
-            nm = f"{dma_prefix}{c}"
-            if nm not in ips:
-                raise DeviceError(f"device 'pynq': the core has {self.build['channels']} channel(s) but the "
+        self._dma_prefix = dma_prefix
+        self.dmas: list = []
+
+    def check_ident(self, ident: IdBlock) -> None:
+        """One DMA per channel of the core."""
+        dmas = []
+        for c in range(ident.channels):
+            nm = f"{self._dma_prefix}{c}"
+            if nm not in self.overlay.ip_dict:
+                raise DeviceError(f"device 'pynq': the core has {ident.channels} channel(s) but the "
                                   f"overlay has no {nm!r} DMA")
-            self.dmas.append(getattr(self.overlay, nm))
+            dmas.append(getattr(self.overlay, nm))
+        self.dmas = dmas
 
     # ------------------------------------------------------------------ registers
-    def _reg_read(self, offset: int) -> int:
+    def read(self, offset: int) -> int:
         return int(self._mmio.read(offset)) & 0xFFFFFFFF
 
-    def _reg_write(self, offset: int, value: int) -> None:
+    def write(self, offset: int, value: int) -> None:
         self._mmio.write(offset, int(value) & 0xFFFFFFFF)
 
     # ------------------------------------------------------------------ buffers
@@ -139,7 +169,7 @@ class PynqDevice(BoardDevice):
         self._buffers.append(buf)
         return buf
 
-    def _stage(self, streams: list[bytes], out_bytes: int) -> None:
+    def stage(self, streams, out_bytes: int) -> None:
         self._free()
         try:
             for c, s in enumerate(streams):
@@ -158,7 +188,7 @@ class PynqDevice(BoardDevice):
         self._out_bytes = out_bytes
 
     # ------------------------------------------------------------------ one token
-    def _transfer(self, packet: bytes, deadline: float) -> bytes:
+    def transfer(self, packet: bytes, deadline: float, poll) -> bytes:
         n = len(packet)
         if self._tok is None or n > len(self._tok):
             if self._tok is not None:
@@ -189,7 +219,7 @@ class PynqDevice(BoardDevice):
                 self._reset_dma()
                 raise DeviceError("device 'pynq': DMA 0 (S2MM) reported an error: the output packet is longer "
                                   "than expected")
-            self._check_error()
+            poll()
             if not any(busy) and not any(queues) and recv.idle:
                 break
             if time.monotonic() > deadline:
@@ -212,8 +242,8 @@ class PynqDevice(BoardDevice):
                     ch.stop()
                     ch.start()
 
-    def _quiesce(self) -> None:
-        self._reset_dma()     # no transfer of the failed token may reach the core after CTRL.clear
+    def quiesce(self) -> None:
+        self._reset_dma()
 
-    def _release(self) -> None:
+    def close(self) -> None:
         self._free()

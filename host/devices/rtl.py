@@ -1,15 +1,15 @@
 """The RTL device: the Verilated ``hw/`` core behind the :class:`~host.devices.base.Device` interface.
 
-:meth:`RtlDevice.load` compiles the model image (:func:`host.compiler.compile_model`, with the build's
-packing and channel count), splits it into the per-channel byte streams the core reads, builds (once per
-build parameters and ``hw/`` source, :func:`host.devices.rtl_harness.build_harness`) and starts the
-Verilator harness (``host/devices/rtl_harness/harness.cpp``), and checks the core's ID block. Each
+:class:`RtlDevice` is the one driver (:class:`host.devices.driver.AcceleratorDevice`: ID block, image,
+token packets, errors, counters, state replay) over :class:`RtlTransport`, which builds (once per build
+parameters and ``hw/`` source, :func:`host.devices.rtl_harness.build_harness`) and starts the Verilator
+harness (``host/devices/rtl_harness/harness.cpp``) for the loaded model's shape. Each
 :meth:`~host.devices.base.Device.step` sends one token packet (the host's embedding lookup, exactly the
-packet the golden device runs, :meth:`host.devices.golden.GoldenDevice.token_packet`); the harness drives
-channel 0 with the packet and then the image, the other channels with their weight blocks, all at full
-rate, and returns the output packet, which gives the logits exactly as on the golden device
-(:func:`host.devices.golden.parse_output_packet` then ``.logits()``), and the hardware counters read
-through AXI4-Lite.
+packet the golden device runs, :func:`host.protocol.embedding_packet`); the harness drives channel 0 with
+the packet and then the image, the other channels with their weight blocks
+(:func:`host.protocol.channel_streams`), all at full rate, and returns the output packet, which gives the
+logits exactly as on the golden device (:func:`host.protocol.parse_output_packet`), and the hardware
+counters read through AXI4-Lite.
 
 Why a subprocess with pipes, not a compiled extension
     The stimulus must live inside the simulator (Python-driven beats run at 5-20 k cycles/s); what
@@ -55,64 +55,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from host.devices.base import DeviceError, ReplayLogDevice
-from host.image import ParsedImage, const_section_bytes, parse_image
-from host.model import ModelWeights
+from host.devices.base import DeviceError
+from host.devices.driver import AcceleratorDevice, Delivery
+from host.image import ImageInfo
 from host.perf import BuildParams, token_counters
+from host.protocol import CoreError, DeviceTimeout, IdBlock, check_id_block
 from hw import isa
-from hw import numerics as nx
-from hw.isa import Counter, ErrorCause, Opcode, TritPacking
+from hw.isa import Counter, TritPacking
 
-__all__ = ["RtlDevice", "TokenRun", "channel_streams", "Harness"]
+__all__ = ["RtlDevice", "RtlTransport", "TokenRun", "Harness", "HarnessTimeout"]
 
 _COUNTERS = list(Counter)
 
 
 def _pow2(v: int) -> int:
     return 1 << max(int(v) - 1, 0).bit_length()
-
-
-def channel_streams(image: ParsedImage | bytes, channels: int | None = None) -> list[bytes]:
-    """The byte stream each weight channel carries for one pass over an image.
-
-    Channel 0: the image header, then per instruction its header, its constants and its weight block
-    0 (image order); channel ``c > 0``: weight block ``c`` of every GEMV, in program order
-    (``hw/top.py``'s stream protocol; :func:`host.image.channel_block_bytes` sizes the blocks).
-
-    Parameters
-    ----------
-    image : ParsedImage or bytes
-    channels : int, optional
-        Must equal the image's channel count when given.
-
-    Returns
-    -------
-    list of bytes, one per channel; their lengths sum to the image's.
-
-    Raises
-    ------
-    ValueError
-        On a channel-count mismatch.
-    """
-    img = image if isinstance(image, ParsedImage) else parse_image(image)
-    c_img = img.info.channels
-    if channels is not None and channels != c_img:
-        raise ValueError(f"image compiled for {c_img} channel(s), {channels} requested")
-    raw = img.raw
-    out = [bytearray() for _ in range(c_img)]
-    out[0] += raw[:isa.layout_bytes(isa.ImageHeader)]
-    for ins in img.instructions:
-        head = isa.layout_bytes(isa.InstrHeader) + const_section_bytes(ins)
-        out[0] += raw[ins.offset:ins.offset + head]
-        if ins.opcode is Opcode.GEMV:
-            for c, blk in enumerate(ins.blocks):
-                out[c] += blk.tobytes()
-    total = sum(len(b) for b in out)
-    if total != len(raw):
-        raise ValueError(f"channel streams hold {total} bytes, the image {len(raw)}")
-    return [bytes(b) for b in out]
 
 
 @dataclass
@@ -147,15 +104,9 @@ class TokenRun:
     end_cycle: int = 0
 
 
-class HarnessError(DeviceError):
-    """A token the core did not finish: ``kind`` 1 (the core's error: ``cause``, ``where``) or 2 (timeout:
-    the core was reset and its state is lost). ``output``: the words the core sent before it stopped (a cut
-    packet ends with :data:`hw.isa.OUTPUT_ABORT_WORD`); ``end_cycle`` as :attr:`TokenRun.end_cycle`."""
-
-    def __init__(self, message: str, kind: int, cause: ErrorCause | int = 0, where: int = 0, output: bytes = b"",
-                 end_cycle: int = 0):
-        super().__init__(message)
-        self.kind, self.cause, self.where, self.output, self.end_cycle = kind, cause, where, output, end_cycle
+class HarnessTimeout(DeviceTimeout):
+    """A token the core did not finish within the harness's ``hang_cycles``: the harness reset the core (its
+    state is lost)."""
 
 
 class Harness:
@@ -268,8 +219,11 @@ class Harness:
 
         Raises
         ------
-        HarnessError
-            The core stopped the token (``STATUS.error``: the cause and instruction) or it timed out.
+        host.protocol.CoreError
+            The core stopped the token (``STATUS.error``: the cause and instruction); the harness has cleared
+            the error.
+        HarnessTimeout
+            The token made no progress for ``hang_cycles``; the harness reset the core.
         """
         want_end = end_cycle or abort_at is not None
         flags = (1 if dump else 0) | (2 if profile else 0) | (4 if abort_at is not None else 0) | (8 if want_end else 0)
@@ -299,14 +253,9 @@ class Harness:
             per = [dict(zip(_COUNTERS, flat[i * ncnt:(i + 1) * ncnt], strict=True)) for i in range(ninstr)]
         counters = dict(zip(_COUNTERS, vals, strict=True))
         if code != b"K":
-            if kind == 1:
-                try:
-                    name = ErrorCause(cause).name
-                except ValueError:
-                    name = f"cause {cause}"
-                raise HarnessError(f"device 'rtl': the core stopped the token with {name} at instruction {where} "
-                                   f"({msg}); its committed state is unchanged", kind, cause, where, out, end_cycle)
-            raise HarnessError(f"device 'rtl': {msg}", kind)
+            if kind == 1:   # the harness has written CTRL.clear: the core waits for the next token packet
+                raise CoreError("rtl", cause, where, detail=msg, output=out, end_cycle=end_cycle)
+            raise HarnessTimeout(f"device 'rtl': {msg}")
         return TokenRun(output=out, counters=counters, cycles=cycles, wall_ns=wall_ns, cpu_ns=cpu_ns,
                         per_instruction=per, end_cycle=end_cycle)
 
@@ -337,7 +286,111 @@ class Harness:
             pass
 
 
-class RtlDevice(ReplayLogDevice):
+class RtlTransport:
+    """The Verilated core as a :class:`~host.devices.driver.Transport`: a :class:`Harness` process built for the
+    model's shape (:func:`host.devices.rtl_harness.build_harness`), registers through its AXI4-Lite manager.
+
+    Parameters
+    ----------
+    params : callable
+        ``params(info) -> dict``: the ``hw.top.Accelerator`` parameters of a core for an image of this shape.
+    waveform_token, waveform_path, hang_cycles, progress
+        As :class:`RtlDevice`.
+    """
+
+    extra_counters = ("sim_cycles", "sim_wall_ns", "sim_cpu_ns")
+
+    def __init__(self, params, *, waveform_token: int | None = None, waveform_path: Path | None = None,
+                 hang_cycles: int = 100_000, progress: bool = True) -> None:
+        self._params = params
+        self.waveform_token = waveform_token
+        self.waveform_path = waveform_path
+        self.hang_cycles = hang_cycles
+        self.progress = progress
+        self.profile = False
+        self.harness: Harness | None = None
+        self.params: dict | None = None
+        self.build_info: dict | None = None
+        self.executable: Path | None = None
+        self.last: TokenRun | None = None
+        self._dumped = False
+
+    def connect(self, info: ImageInfo | None) -> None:
+        """Build (once per parameters and ``hw/`` source) and start a harness whose core fits ``info``."""
+        from host.devices.rtl_harness import build_harness
+
+        if info is None:
+            raise DeviceError("device 'rtl': the Verilated core is built for a model's shape: load a model first")
+        self.close()
+        params = self._params(info)
+        trace = None
+        if self.waveform_token is not None:
+            trace = "vcd" if self.waveform_path is not None and self.waveform_path.suffix == ".vcd" else "fst"
+
+        def say(line: str) -> None:
+            if self.progress:
+                print(f"mmfree: {line}", file=sys.stderr, flush=True)
+
+        try:
+            exe, build_info = build_harness(params, trace=trace, progress=say)
+        except (TypeError, ValueError) as exc:   # the Accelerator's own parameter checks
+            raise DeviceError(f"device 'rtl': bad build parameters: {exc}") from exc
+        fst = None
+        if trace:
+            from hw.export import BUILD_ROOT
+
+            fst = self.waveform_path or BUILD_ROOT / "rtl" / "waves" / f"token{self.waveform_token}.{trace}"
+            fst.parent.mkdir(parents=True, exist_ok=True)
+            self.waveform_path = fst
+        # one empty beat per channel until the image is staged ('I')
+        blank = [bytes(params["bus_bits"] // 8)] * params["channels"]
+        self.harness = Harness(exe, blank, hang_cycles=self.hang_cycles, fst=fst)
+        self.params, self.build_info, self.executable = params, build_info, exe
+        self._dumped = False
+
+    def check_ident(self, ident: IdBlock) -> None:
+        """The ID block must be exactly what ``hw.top.Accelerator.id_values()`` reports for the parameters."""
+        p = self.params
+        want = isa.id_block_values(lanes=p["lanes"], channels=p["channels"], bus_bits=p["bus_bits"],
+                                   packings=[TritPacking(p["packing"])], quant_lanes=p["quant_lanes"],
+                                   max_hidden=p["max_hidden"], max_intermediate=p["max_intermediate"],
+                                   max_layers=p["max_layers"], max_vocab=isa.MAX_VOCAB,
+                                   epilogue_folded=bool(p.get("epilogue_folded", False)))
+        check_id_block(ident, "rtl", expect=want)
+
+    def read(self, offset: int) -> int:
+        return self.harness.read(offset)
+
+    def write(self, offset: int, value: int) -> None:
+        self.harness.write(offset, value)
+
+    def reset(self) -> None:
+        self.harness.reset()
+
+    def stage(self, streams: Sequence[bytes], out_bytes: int) -> None:
+        self.harness.load_streams(streams)
+
+    def run(self, packet: bytes, deadline: float | None, poll) -> Delivery:
+        """One token through the harness (it reports the core's error or its time-out itself)."""
+        position = int.from_bytes(packet[4:8], "little") if len(packet) >= 8 else -1
+        dump = self.waveform_token is not None and not self._dumped and position == self.waveform_token
+        run = self.harness.run_token(packet, dump=dump, profile=self.profile)
+        if dump:
+            self._dumped = True
+        self.last = run
+        return Delivery(run.output, run.counters,
+                        {"sim_cycles": run.cycles, "sim_wall_ns": run.wall_ns, "sim_cpu_ns": run.cpu_ns})
+
+    def recover(self, timed_out: bool) -> None:
+        """Nothing to do: the harness cleared the error (or reset the core after a time-out) before replying."""
+
+    def close(self) -> None:
+        if self.harness is not None:
+            self.harness.close()
+            self.harness = None
+
+
+class RtlDevice(AcceleratorDevice):
     """The Verilated core (``hw.top.Accelerator``) as a device: the golden device's bits, real cycle counts.
 
     Parameters
@@ -373,6 +426,8 @@ class RtlDevice(ReplayLogDevice):
 
     Attributes
     ----------
+    build : BuildParams
+        The build (for the cycle model).
     last : TokenRun or None
         The last token's harness report.
     build_info : dict or None
@@ -383,6 +438,8 @@ class RtlDevice(ReplayLogDevice):
         The loaded model image.
     profile : bool
         When True, every token also reports its counters per instruction (:attr:`TokenRun.per_instruction`).
+    prediction, prediction_per_instruction
+        The cycle model's counters of a token of the loaded image on this build.
     """
 
     name = "rtl"
@@ -393,7 +450,6 @@ class RtlDevice(ReplayLogDevice):
                  waveform_token: int | None = None, waveform_path: str | Path | None = None,
                  hang_cycles: int = 100_000, fmax_mhz: float = 100.0, progress: bool = True,
                  epilogue_folded: bool = False) -> None:
-        super().__init__()
         if isinstance(packing, str):
             try:
                 packing = TritPacking[packing.upper()]
@@ -413,29 +469,39 @@ class RtlDevice(ReplayLogDevice):
         self.options = CompileOptions(packing=TritPacking(packing), channels=channels, output_gate=output_gate)
         # validates lanes/channels/bus_bits/quant_lanes the way the cycle model does; the Accelerator
         # checks the rest (lanes per channel 4-256, power-of-two quant_lanes) when it is built
-        self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
-                                 fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
+        self._build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
+                                  fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
         self._caps = {"max_hidden": max_hidden, "max_intermediate": max_intermediate, "max_layers": max_layers}
-        self.waveform_token = waveform_token
-        self.waveform_path = Path(waveform_path) if waveform_path is not None else None
-        self.hang_cycles = hang_cycles
-        self.progress = progress
-        self.harness: Harness | None = None
-        self.image: ParsedImage | None = None
-        self.build_info: dict | None = None
-        self.executable: Path | None = None
-        self.params: dict | None = None
-        self.last: TokenRun | None = None
+        transport = RtlTransport(lambda info: self.accelerator_params(info.hidden, info.intermediate, info.n_layers),
+                                 waveform_token=waveform_token,
+                                 waveform_path=Path(waveform_path) if waveform_path is not None else None,
+                                 hang_cycles=hang_cycles, progress=progress)
+        super().__init__(transport, output_gate=output_gate)
         self.prediction: dict[Counter, int] | None = None
         self.prediction_per_instruction: list[dict[Counter, int]] = []
-        self.profile = False
-        self._emb: np.ndarray | None = None
-        self._frac = 0
-        self._log: list[int] = []
-        self._lost = False           # a timeout reset the core: replay the log before the next token
-        self._dumped = False
-        self._counters.update({f"hw_{c.name.lower()}": 0 for c in Counter})
-        self._counters.update({"sim_cycles": 0, "sim_wall_ns": 0, "sim_cpu_ns": 0, "replayed_tokens": 0})
+
+    # ------------------------------------------------------------------ the transport's state, by name
+    harness = property(lambda self: self.transport.harness, doc="The running :class:`Harness` (or None).")
+    last = property(lambda self: self.transport.last, doc="The last token's :class:`TokenRun`.")
+    params = property(lambda self: self.transport.params, doc="The ``hw.top.Accelerator`` parameters built.")
+    build_info = property(lambda self: self.transport.build_info, doc="The harness build record.")
+    executable = property(lambda self: self.transport.executable, doc="The harness executable.")
+    waveform_token = property(lambda self: self.transport.waveform_token)
+    waveform_path = property(lambda self: self.transport.waveform_path)
+    hang_cycles = property(lambda self: self.transport.hang_cycles)
+
+    @property
+    def build(self) -> BuildParams:
+        """The build (for the cycle model)."""
+        return self._build
+
+    @property
+    def profile(self) -> bool:
+        return self.transport.profile
+
+    @profile.setter
+    def profile(self, on: bool) -> None:
+        self.transport.profile = bool(on)
 
     # ------------------------------------------------------------------ build
     def accelerator_params(self, hidden: int, intermediate: int, n_layers: int) -> dict:
@@ -461,124 +527,17 @@ class RtlDevice(ReplayLogDevice):
                 "packing": self.options.packing.value, **caps,
                 **({"epilogue_folded": True} if b.epilogue_folded else {})}
 
-    def _load(self, weights: ModelWeights) -> None:
-        from host.compiler import compile_model
-        from host.devices.rtl_harness import build_harness
+    def compile_options(self):
+        """The build's packing and channel count (the core is built for the model, not read from it)."""
+        return self.options
 
-        self._close()
-        cfg = weights.config
-        params = self.accelerator_params(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers)
-        image = parse_image(compile_model(weights, self.options))
-        trace = None
-        if self.waveform_token is not None:
-            trace = "vcd" if self.waveform_path is not None and self.waveform_path.suffix == ".vcd" else "fst"
+    def build_params(self) -> BuildParams:
+        return self.build
 
-        def say(line: str) -> None:
-            if self.progress:
-                print(f"mmfree: {line}", file=sys.stderr, flush=True)
+    def _check_fits(self, config) -> None:
+        self.accelerator_params(config.hidden_size, config.intermediate_size, config.num_hidden_layers)
 
-        try:
-            exe, info = build_harness(params, trace=trace, progress=say)
-        except (TypeError, ValueError) as exc:   # the Accelerator's own parameter checks
-            raise DeviceError(f"device 'rtl': bad build parameters: {exc}") from exc
-        fst = None
-        if trace:
-            from hw.export import BUILD_ROOT
-
-            fst = self.waveform_path or BUILD_ROOT / "rtl" / "waves" / f"token{self.waveform_token}.{trace}"
-            fst.parent.mkdir(parents=True, exist_ok=True)
-            self.waveform_path = fst
-        self.harness = Harness(exe, channel_streams(image, self.build.channels), hang_cycles=self.hang_cycles,
-                               fst=fst)
-        self._check_id(params)
-        self.image, self.build_info, self.params, self.executable = image, info, params, exe
+    def _install(self, image, embeddings, frac) -> None:
+        super()._install(image, embeddings, frac)
         self.prediction_per_instruction, self.prediction = token_counters(image.instructions, image.info,
                                                                           self.build)
-        self._emb = weights.embeddings
-        self._frac = image.info.residual_frac
-        self._log = []
-        self._lost = False
-        self._dumped = False
-
-    def _check_id(self, params: dict) -> None:
-        """Compare the core's ID block with the build parameters (corundum-style self-description)."""
-        r = isa.REGISTER_MAP
-        # what hw.top.Accelerator.id_values() reports for these parameters
-        want = isa.id_block_values(lanes=params["lanes"], channels=params["channels"], bus_bits=params["bus_bits"],
-                                   packings=[TritPacking(params["packing"])], quant_lanes=params["quant_lanes"],
-                                   max_hidden=params["max_hidden"], max_intermediate=params["max_intermediate"],
-                                   max_layers=params["max_layers"], max_vocab=isa.MAX_VOCAB,
-                                   epilogue_folded=bool(params.get("epilogue_folded", False)))
-        got = {off: self.harness.read(off) for off in want}
-        bad = {f"0x{o:02x}": (got[o], v) for o, v in want.items() if got[o] != v}
-        if got[r.ID_MAGIC] != isa.ID_MAGIC:
-            raise DeviceError(f"device 'rtl': ID magic 0x{got[r.ID_MAGIC]:08x}, expected 0x{isa.ID_MAGIC:08x}")
-        if bad:
-            raise DeviceError(f"device 'rtl': the core's ID block differs from its build parameters "
-                              f"(offset: (read, expected)): {bad}")
-
-    # ------------------------------------------------------------------ tokens
-    def token_packet(self, token_id: int, position: int = 0, logits: bool = True) -> bytes:
-        """The host's embedding lookup for one token (the golden device's packet, byte for byte)."""
-        from host.devices.golden import make_token_packet
-
-        return make_token_packet(nx.to_fixed(self._emb[token_id], self._frac), position=position, logits=logits)
-
-    def _run(self, token_id: int, position: int) -> TokenRun:
-        dump = (self.waveform_token is not None and not self._dumped and position == self.waveform_token)
-        try:
-            run = self.harness.run_token(self.token_packet(token_id, position), dump=dump, profile=self.profile)
-        except HarnessError as exc:
-            if exc.kind == 2:
-                self._lost = True
-            raise
-        if dump:
-            self._dumped = True
-        for c, v in run.counters.items():
-            self._counters[f"hw_{c.name.lower()}"] += int(v)
-        self._counters["sim_cycles"] += run.cycles
-        self._counters["sim_wall_ns"] += run.wall_ns
-        self._counters["sim_cpu_ns"] += run.cpu_ns
-        self.last = run
-        return run
-
-    def _logits(self, run: TokenRun) -> np.ndarray:
-        from host.devices.golden import parse_output_packet
-
-        try:
-            return parse_output_packet(run.output).logits()
-        except ValueError as exc:
-            raise DeviceError(f"device 'rtl': bad output packet from the core: {exc}") from exc
-
-    def _reset(self) -> None:
-        self.harness.reset()
-        self._log = []
-        self._lost = False
-
-    def _close(self) -> None:
-        if self.harness is not None:
-            self.harness.close()
-            self.harness = None
-
-    # ------------------------------------------------------------------ reports
-    def cycles_report(self) -> dict | None:
-        """Cycles per token from the hardware counters next to the cycle model and the stream roofline.
-
-        Returns
-        -------
-        dict or None
-            ``measured`` (mean ``hw_cycles`` per token since construction), ``predicted`` (the golden
-            device's cycle model for this build, :func:`host.perf.token_counters`), ``ideal`` (the
-            stream/lanes bound ``max(image bytes / (channels * beat bytes), trits / lanes)``) and
-            ``stream_efficiency`` (ideal / measured); None before any token.
-        """
-        n = self._counters["hw_tokens"]
-        if not n or self.image is None:
-            return None
-        measured = self._counters["hw_cycles"] / n
-        b = self.build
-        trits = sum(i.n * i.k for i in self.image.instructions if i.opcode is Opcode.GEMV)
-        ideal = max(self.image.info.image_bytes / (b.channels * b.beat_bytes), trits / b.lanes)
-        return {"measured": measured, "predicted": self.prediction[Counter.CYCLES], "ideal": ideal,
-                "stream_efficiency": ideal / measured if measured else float("nan")}
-

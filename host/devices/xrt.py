@@ -27,16 +27,18 @@ from pathlib import Path
 import numpy as np
 
 from host.devices.base import DeviceError
-from host.devices.board import BoardDevice
+from host.devices.board import ShellTransport
+from host.devices.driver import AcceleratorDevice
+from host.protocol import IdBlock
 from hw import isa
 
-__all__ = ["XrtDevice"]
+__all__ = ["XrtDevice", "XrtTransport"]
 
 BASE = isa.register_base("alveo")
 POLL_MS = 5
 
 
-class XrtDevice(BoardDevice):
+class XrtDevice(AcceleratorDevice):
     """The accelerator on an Alveo card.
 
     Parameters
@@ -59,7 +61,25 @@ class XrtDevice(BoardDevice):
 
     def __init__(self, *, xclbin: str | Path | None = None, device_index: int = 0, timeout_s: float = 10.0,
                  output_gate: str = "released") -> None:
-        super().__init__(timeout_s=timeout_s, output_gate=output_gate)
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        super().__init__(XrtTransport(xclbin, device_index), timeout_s=timeout_s, output_gate=output_gate)
+        self.connect()
+
+    xclbin = property(lambda self: self.transport.xclbin)
+    device = property(lambda self: self.transport.device)
+
+
+class XrtTransport(ShellTransport):
+    """The ``mmfree_core`` IP's registers and the data-mover kernels as a :class:`~host.devices.driver.Transport`.
+
+    Parameters
+    ----------
+    xclbin, device_index
+        As :class:`XrtDevice`.
+    """
+
+    def __init__(self, xclbin: str | Path | None, device_index: int) -> None:
         path = Path(xclbin) if xclbin is not None else Path(os.environ.get("MMFREE_XCLBIN", "mmfree.xclbin"))
         try:
             import pyxrt
@@ -78,14 +98,8 @@ class XrtDevice(BoardDevice):
             self.s2mm = pyxrt.kernel(self.device, self.uuid, "mmfree_s2mm:{s2mm_0}")
         except RuntimeError as exc:
             raise DeviceError(f"device 'xrt': cannot open the card or the kernels in {path}: {exc}") from exc
-        self._open_core()
-        self.mm2s = []
-        for c in range(self.build["channels"]):
-            try:
-                self.mm2s.append(pyxrt.kernel(self.device, self.uuid, f"mmfree_mm2s:{{mm2s_{c}}}"))
-            except RuntimeError as exc:
-                raise DeviceError(f"device 'xrt': the core has {self.build['channels']} channel(s) but the xclbin "
-                                  f"has no mm2s_{c}: {exc}") from exc
+        self.mm2s: list = []
+        self._beat = 8
         self._img: list = []
         self._s2mm_run = None
         self._mm2s_runs: list = []
@@ -94,17 +108,28 @@ class XrtDevice(BoardDevice):
         self._count = None
         self._out_bytes = 0
 
-    def _reg_read(self, offset: int) -> int:
+    def check_ident(self, ident: IdBlock) -> None:
+        """One ``mm2s`` data mover per channel of the core; its beat."""
+        mm2s = []
+        for c in range(ident.channels):
+            try:
+                mm2s.append(self._x.kernel(self.device, self.uuid, f"mmfree_mm2s:{{mm2s_{c}}}"))
+            except RuntimeError as exc:
+                raise DeviceError(f"device 'xrt': the core has {ident.channels} channel(s) but the xclbin "
+                                  f"has no mm2s_{c}: {exc}") from exc
+        self.mm2s, self._beat = mm2s, ident.bus_bits // 8
+
+    def read(self, offset: int) -> int:
         return int(self.core.read_register(BASE + offset)) & 0xFFFFFFFF
 
-    def _reg_write(self, offset: int, value: int) -> None:
+    def write(self, offset: int, value: int) -> None:
         self.core.write_register(BASE + offset, int(value) & 0xFFFFFFFF)
 
     def _bo(self, nbytes: int, group: int):
         return self._x.bo(self.device, int(nbytes), self._x.bo.normal, group)
 
-    def _stage(self, streams: list[bytes], out_bytes: int) -> None:
-        beat = self.build["bus_bits"] // 8
+    def stage(self, streams, out_bytes: int) -> None:
+        beat = self._beat
         to_dev = self._x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         self._img = []
         try:
@@ -123,9 +148,9 @@ class XrtDevice(BoardDevice):
             raise DeviceError(f"device 'xrt': cannot allocate device buffers: {exc}") from exc
         self._out_bytes = out_bytes
 
-    def _transfer(self, packet: bytes, deadline: float) -> bytes:
+    def transfer(self, packet: bytes, deadline: float, poll) -> bytes:
         x = self._x
-        beat = self.build["bus_bits"] // 8
+        beat = self._beat
         if len(packet) % beat:
             raise DeviceError(f"device 'xrt': token packet of {len(packet)} bytes is not whole beats")
         if self._tok is None or self._tok[1] < len(packet):
@@ -153,7 +178,7 @@ class XrtDevice(BoardDevice):
                     pending.remove(item)
                 elif state in bad:
                     raise DeviceError(f"device 'xrt': kernel run {label} ended in state {state}")
-            self._check_error()
+            poll()
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"kernel run(s) {[lbl for lbl, _ in pending]} not finished")
         self._s2mm_run = None
@@ -166,7 +191,7 @@ class XrtDevice(BoardDevice):
         self._out.sync(x.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, n, 0)
         return bytes(np.asarray(self._out.read(n, 0), dtype=np.uint8))
 
-    def _quiesce(self) -> None:
+    def quiesce(self) -> None:
         """Let the failed token's data movers finish (the stopped core drains its inputs), at most 2 s."""
         done = self._x.ert_cmd_state.ERT_CMD_STATE_COMPLETED
         end = time.monotonic() + 2.0
@@ -184,6 +209,6 @@ class XrtDevice(BoardDevice):
         r.start()
         return r
 
-    def _release(self) -> None:
+    def close(self) -> None:
         self._img = []
         self._tok = self._out = self._count = None

@@ -21,6 +21,7 @@ from hw import isa
 from hw.gearbox import TritGearbox, _base3_rom
 from hw.isa import TritPacking
 from hw.streams import trit_chunk_layout
+from tests.hw.streams import stream_get_all, stream_put_all
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -94,14 +95,7 @@ def run(dut: TritGearbox, cmds, stream: bytes, n_chunks: int, *, seed=0, cmd_idl
         await ctx.tick().repeat(cmd_delay + 1)
         if cmd_delay:
             assert st["taken"] == 0, "beats taken before any command"
-        for rows, k in cmds:
-            while rng.random() < cmd_idle:
-                ctx.set(dut.cmd.valid, 0)
-                await ctx.tick()
-            ctx.set(dut.cmd.payload, {"rows": rows, "k": k})
-            ctx.set(dut.cmd.valid, 1)
-            await ctx.tick().until(dut.cmd.ready)
-        ctx.set(dut.cmd.valid, 0)
+        await stream_put_all(ctx, dut.cmd, [{"rows": rows, "k": k} for rows, k in cmds], idle=cmd_idle, rng=rng)
 
     async def beat_source(ctx):
         sentinel = int.from_bytes(bytes([SENTINEL_BYTE]) * (dut.bus_bits // 8), "little")
@@ -231,7 +225,8 @@ def test_two_commands_back_to_back_at_full_rate():
     assert cycles[-1] - cycles[n1] == len(expect) - n1 - 1      # second block: no bubble
     pad_beats = (128 - 89) // 8
     assert cycles[n1] - cycles[n1 - 1] <= pad_beats + 1
-    assert cycles[0] == 1 + 4             # command taken in cycle 1 (data waiting): first chunk in cycle 5
+    # command taken in cycle 1 (data waiting): first chunk in cycle 5
+    assert cycles[0] == 1 + TritGearbox.CMD_LATENCY and TritGearbox.CMD_LATENCY == 4
 
 
 @pytest.mark.parametrize(("packing", "bus_bits", "lanes", "rows", "k"),
@@ -257,7 +252,8 @@ def test_input_bound_rate():
     expect = expected_chunks(block, rows, k, BITS2, 64)
     got, cycles, _, _, _ = run(dut, [(rows, k)], block, len(expect))
     assert got == expect
-    assert cycles[-1] == 3 + 39 + 2       # data beats in cycles 3..42 (one per cycle), last chunk on o 2 later
+    # data beats in cycles 3..42 (one per cycle), the last chunk on o BEAT_LATENCY = 2 cycles after the last
+    assert cycles[-1] == 3 + 39 + TritGearbox.BEAT_LATENCY and TritGearbox.BEAT_LATENCY == 2
 
 
 @pytest.mark.parametrize("packing", [BASE3, BITS2], ids=lambda p: p.name)
@@ -326,29 +322,15 @@ def test_bad_trit_sticky_and_clear(packing):
     got2 = []
 
     async def drive(ctx):
-        for rows_, k_ in [(rows, k), (2, 5)]:
-            ctx.set(dut.cmd.payload, {"rows": rows_, "k": k_})
-            ctx.set(dut.cmd.valid, 1)
-            await ctx.tick().until(dut.cmd.ready)
-        ctx.set(dut.cmd.valid, 0)
+        await stream_put_all(ctx, dut.cmd, [{"rows": rows, "k": k}, {"rows": 2, "k": 5}])
 
     async def feed(ctx):
-        for b in beats_of(beats, 64):
-            ctx.set(dut.i.payload, {"data": b})
-            ctx.set(dut.i.valid, 1)
-            await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
+        await stream_put_all(ctx, dut.i, [{"data": b} for b in beats_of(beats, 64)])
 
     async def collect(ctx):
-        layout = trit_chunk_layout(lanes)
-        while len(got2) < len(expect2):
-            ready = rng2.random() < 0.5
-            ctx.set(dut.o.ready, ready)
-            _, _, valid, bits = await ctx.tick().sample(dut.o.valid, dut.o.payload.as_value())
-            if valid and ready:
-                c = data.Const(layout, bits)
-                got2.append((tuple(int(c.trits[j]) for j in range(lanes)), int(c.count), bool(c.first),
-                             bool(c.last), bool(c.end)))
+        for c in await stream_get_all(ctx, dut.o, len(expect2), stall=0.5, rng=rng2, timeout=500):
+            got2.append((tuple(int(c.trits[j]) for j in range(lanes)), int(c.count), bool(c.first),
+                         bool(c.last), bool(c.end)))
         await ctx.tick().repeat(5)
         assert st.get("pulsed") and not ctx.get(dut.bad_trit)
 

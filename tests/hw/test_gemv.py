@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 from hw import isa
 from hw.gemv import TernaryGemv
 from hw.streams import acc_row_layout, code_word_layout, trit_chunk_layout
+from tests.hw.streams import stream_get_all, stream_put_all
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -66,31 +67,11 @@ def _run(lanes: int, codes: np.ndarray, rows: list[np.ndarray], ends: list[bool]
     cycles = [0]
 
     async def producer(ctx):
-        for c in chunks:
-            while rng.random() < idle:
-                ctx.set(bench.i.valid, 0)
-                await ctx.tick()
-                cycles[0] += 1
-            ctx.set(bench.i.payload, c)
-            ctx.set(bench.i.valid, 1)
-            while True:
-                cycles[0] += 1
-                _, _, ready = await ctx.tick().sample(bench.i.ready)
-                if ready:
-                    break
-        ctx.set(bench.i.valid, 0)
+        cycles[0] = await stream_put_all(ctx, bench.i, chunks, idle=idle, rng=rng)
 
     async def consumer(ctx):
-        idle_cycles = 0
-        while len(got) < len(rows):
-            ready = int(rng.random() >= stall)
-            ctx.set(bench.o.ready, ready)
-            _, _, valid, payload = await ctx.tick().sample(bench.o.valid, bench.o.payload)
-            if valid and ready:
-                got.append((payload.acc, payload.last))
-                idle_cycles = 0
-            idle_cycles += 1
-            assert idle_cycles < 1000, "output stalled"
+        for payload in await stream_get_all(ctx, bench.o, len(rows), stall=stall, rng=rng, timeout=1000):
+            got.append((payload.acc, payload.last))
         # nothing more comes out
         ctx.set(bench.o.ready, 1)
         for _ in range(bench.dut.latency + 4):
@@ -200,7 +181,7 @@ def test_latency_property():
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
-    assert bench.dut.latency == bench.dut.tree_levels + 5 == 7
+    assert bench.dut.latency == bench.dut.tree_levels + 5 == 7 == TernaryGemv.latency_for(lanes)
     assert seen and seen[0] == (bench.dut.latency, 1 - 2 + 3, 1)
 
 
@@ -230,6 +211,11 @@ def test_ports_and_properties():
     assert g.tree_levels == 4 and g.latency == 9 and g.fifo_depth == 10
     assert TernaryGemv(lanes=7).tree_levels == 3
     assert TernaryGemv(lanes=256).latency == 13
+    # read without an instance (host.perf): the adder tree's levels plus BASE_LATENCY
+    assert TernaryGemv.BASE_LATENCY == 5
+    assert [TernaryGemv.latency_for(n) for n in (4, 7, 16, 64, 256)] == [7, 8, 9, 11, 13]
+    with pytest.raises(ValueError, match="0"):
+        TernaryGemv.latency_for(0)
     with pytest.raises(AttributeError):
         g.latency = 3
 

@@ -24,6 +24,7 @@ from hw import isa
 from hw import numerics as nx
 from hw.quant import QUANT_LATENCY, QuantCmd, Quantizer, src_word_layout
 from hw.streams import code_word_layout
+from tests.hw.streams import stream_put_all
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -83,14 +84,7 @@ def _run(quant_lanes: int, lanes: int, max_k: int, src, qc, cmds: list[dict], *,
     final = []
 
     async def producer(ctx):
-        for c in cmds:
-            while rng.random() < idle:
-                ctx.set(bench.cmd.valid, 0)
-                await ctx.tick()
-            ctx.set(bench.cmd.payload, QuantCmd.const(c))
-            ctx.set(bench.cmd.valid, 1)
-            await ctx.tick().until(bench.cmd.ready)
-        ctx.set(bench.cmd.valid, 0)
+        await stream_put_all(ctx, bench.cmd, [QuantCmd.const(c) for c in cmds], idle=idle, rng=rng)
         for _ in range(200):
             if len(events["done"]) == len(cmds):
                 break
@@ -142,7 +136,7 @@ def _check(quant_lanes, lanes, src, qc, cmds, events, final):
         got, writes = writes[:len(exp)], writes[len(exp):]
         assert [a for _, a, _ in got] == list(range(len(exp)))
         assert [w for _, _, w in got] == exp, c
-        assert t_done == got[-1][0] == t0 + n_src + QUANT_LATENCY
+        assert t_done == got[-1][0] == t0 + n_src + QUANT_LATENCY == t0 + Quantizer.done_cycles(c["k"], quant_lanes)
     assert not writes and not reads and not qc_reads
     # the memory holds the last command's words (and garbage beyond the longest command)
     exp = _expected_words(src, qc, cmds[-1], lanes)
@@ -264,7 +258,10 @@ def test_ties_round_half_away_from_zero(r_mant, r_shift):
 
 def test_latency_matches_perf_model():
     q = Quantizer(quant_lanes=8, lanes=64)
-    assert q.latency == QUANT_LATENCY == perf.QUANT_LATENCY
+    assert q.latency == QUANT_LATENCY == Quantizer.LATENCY == perf.QUANT_LATENCY
+    assert [Quantizer.done_cycles(k, 4) for k in (0, 1, 4, 5)] == [7, 7, 7, 8]
+    with pytest.raises(ValueError, match="quant_lanes"):
+        Quantizer.done_cycles(8, 0)
     Fragment.get(q, None)
 
 

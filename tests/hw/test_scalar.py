@@ -19,6 +19,7 @@ from amaranth.sim import Simulator
 from host import perf
 from hw import numerics as nx
 from hw.scalar import SCALAR_LATENCY, SSQ_BIAS_LATENCY, ScalarRequest, ScalarResult, ScalarUnit, SsqBias
+from tests.hw.streams import stream_get_all, stream_put, stream_put_all
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -80,33 +81,12 @@ def _run(reqs, *, idle: float, stall: float, seed: int) -> list[tuple[int, int, 
     got: list[tuple[int, int, int, int]] = []
 
     async def producer(ctx):
-        for req in reqs:
-            while rng.random() < idle:
-                ctx.set(dut.i.valid, 0)
-                await ctx.tick()
-            ctx.set(dut.i.payload, ScalarRequest.const(dict(zip(_FIELDS, req, strict=True))))
-            ctx.set(dut.i.valid, 1)
-            await ctx.tick().until(dut.i.ready)
-        ctx.set(dut.i.valid, 0)
+        payloads = [ScalarRequest.const(dict(zip(_FIELDS, req, strict=True))) for req in reqs]
+        await stream_put_all(ctx, dut.i, payloads, idle=idle, rng=rng)
 
     async def consumer(ctx):
-        held = None  # a payload offered but not taken
-        quiet = 0
-        while len(got) < len(reqs):
-            ready = int(rng.random() >= stall)
-            ctx.set(dut.o.ready, ready)
-            valid, payload = ctx.get(dut.o.valid), ctx.get(dut.o.payload)
-            if held is not None:
-                assert valid and payload.as_value().value == held, "o changed before its transfer"
-            held = None
-            if valid and ready:
-                got.append((payload.r_mant, payload.r_shift, payload.s_mant, payload.s_shift))
-                quiet = 0
-            elif valid:
-                held = payload.as_value().value
-            await ctx.tick()
-            quiet += 1
-            assert quiet < 500, "no result"
+        for p in await stream_get_all(ctx, dut.o, len(reqs), stall=stall, rng=rng, timeout=500):
+            got.append((p.r_mant, p.r_shift, p.s_mant, p.s_shift))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -188,12 +168,39 @@ def test_latency_and_ready():
     sim.add_clock(1e-8)
     sim.add_testbench(tb)
     sim.run()
-    assert dut.latency == SCALAR_LATENCY == 61 <= perf.SCALAR_CYCLES
+    assert dut.latency == SCALAR_LATENCY == ScalarUnit.LATENCY == 61 <= perf.SCALAR_CYCLES
     first_valid = next(c for c, _, v in trace if v)
     assert first_valid == SCALAR_LATENCY
     assert all(v for c, _, v in trace if SCALAR_LATENCY <= c <= 65)
     assert not any(r for c, r, _ in trace if c <= 65)
     assert all(r and not v for c, r, v in trace if c > 65)
+
+
+def test_cycles_per_request():
+    """``ScalarUnit.CYCLES`` (62, host.perf.SCALAR_CYCLES): from a request's transfer cycle through its result's,
+    inclusive, when the result is taken as soon as it is valid; the next request is taken in the cycle after."""
+    dut = ScalarUnit()
+    req = ScalarRequest.const(dict(zip(_FIELDS, (1 << 40, 777, (1 << 24) - 1, 3, 20), strict=True)))
+    spans = []
+
+    async def tb(ctx):
+        for _ in range(2):
+            assert await stream_put(ctx, dut.i, req) == 1          # idle unit: the request goes at once
+            ctx.set(dut.o.ready, 1)
+            cycles = 1                                               # the request's transfer cycle
+            while True:
+                _, _, valid = await ctx.tick().sample(dut.o.valid)
+                cycles += 1
+                if valid:
+                    break
+            ctx.set(dut.o.ready, 0)
+            spans.append(cycles)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert spans == [ScalarUnit.CYCLES] * 2 and ScalarUnit.CYCLES == ScalarUnit.LATENCY + 1 == 62
 
 
 def test_result_field_widths():
@@ -291,7 +298,7 @@ def test_ssq_bias_exact():
     sim.run()
     assert len(checked) == len(cases)
     assert nx.UINT64_MAX in checked and checked.count(nx.UINT64_MAX) >= 3
-    assert dut.latency == SSQ_BIAS_LATENCY == 2
+    assert dut.latency == SSQ_BIAS_LATENCY == SsqBias.LATENCY == 2
 
 
 def test_ssq_bias_no_multiplier_and_verilog():

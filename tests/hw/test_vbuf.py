@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Banked vector buffer: narrow and wide writes and reads agree with a flat array model."""
 
 import random
@@ -42,12 +43,12 @@ def test_model(depth, banks, wg, rg):
             elif op == 2:
                 a = rng.randrange(depth)
                 ctx.set(dut.rd.addr, a)
-                await ctx.tick()
+                await ctx.tick().repeat(VectorBuffer.READ_LATENCY)
                 assert ctx.get(dut.rd.data) == model[a]
             elif rg > 1:
                 g = rng.randrange(-(-depth // rg))
                 ctx.set(dut.rd_wide.addr, g)
-                await ctx.tick()
+                await ctx.tick().repeat(VectorBuffer.READ_LATENCY)
                 got = [ctx.get(dut.rd_wide.data[j]) for j in range(rg)]
                 want = [model[g * rg + j] if g * rg + j < depth else got[j] for j in range(rg)]
                 assert got == want
@@ -56,6 +57,19 @@ def test_model(depth, banks, wg, rg):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+
+
+@pytest.mark.parametrize("depth,wg,rg", [(37, 8, 4), (2560, 4, 8), (1, 1, 1), (32000, 16, 2)])
+def test_port_widths(depth, wg, rg):
+    """The ports' address widths are what ``addr_width_for`` says without an instance (element index:
+    ``ceil(log2(depth))``, at least 1; group index: ``ceil(log2(ceil(depth / group)))``), and the read
+    latency is one cycle (a read in the cycle after its address is checked by ``test_model``)."""
+    dut = VectorBuffer(depth=depth, banks=max(wg, rg), write_group=wg, read_group=rg)
+    assert len(dut.rd.addr) == len(dut.wr.addr) == dut.addr_width == VectorBuffer.addr_width_for(depth)
+    assert dut.addr_width == max(1, (depth - 1).bit_length())
+    assert len(dut.wr_wide.addr) == VectorBuffer.addr_width_for(depth, wg) == max(1, (-(-depth // wg) - 1).bit_length())
+    assert len(dut.rd_wide.addr) == VectorBuffer.addr_width_for(depth, rg)
+    assert VectorBuffer.READ_LATENCY == 1
 
 
 def test_verilog():
