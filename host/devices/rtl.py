@@ -59,11 +59,13 @@ from host.devices.base import DeviceError
 from host.devices.driver import AcceleratorDevice, Delivery
 from host.image import ImageInfo
 from host.perf import BuildParams, token_counters
-from host.protocol import CoreError, DeviceTimeout, IdBlock, check_id_block
+from host.protocol import CoreError, DeviceTimeout, IdBlock, channel_streams, check_id_block
 from hw import isa
 from hw.isa import Counter, TritPacking
 
-__all__ = ["RtlDevice", "RtlTransport", "TokenRun", "Harness", "HarnessTimeout"]
+__all__ = ["RtlDevice", "RtlTransport", "TokenRun", "Harness", "HarnessTimeout",
+           # host.protocol's; stays importable from here for bench/bench_rtl.py until it imports host.protocol
+           "channel_streams"]
 
 _COUNTERS = list(Counter)
 
