@@ -5,7 +5,7 @@ For the shipped model (``models/hgrn-bit-pydoc``) and the shapes of the released
 checkpoints, at a few build points (lanes, channels, bus bits) and both trit packings:
 
 * image bytes (1.6-bit vs 2-bit and the saving; the shipped model's images are compiled for real and
-  must equal the shape-only size, the others come from :func:`host.perf.program_shapes`);
+  must equal the plan's size, the others come from the compiler's plan, :func:`host.compiler.plan_shape`);
 * predicted cycles per token and stream efficiency (DESIGN.md section 3), for the default (as-built)
   schedule and for the proposed one (every option of :class:`host.perf.BuildParams` on, 64 quantize
   lanes), plus one steady-state 370M layer;
@@ -34,7 +34,8 @@ from pathlib import Path
 
 from bench._common import REPO, RESULTS, provenance, write_json
 from host import perf
-from host.perf import BOARDS, SCHEDULE_OPTIONS, BuildParams, program_shapes, roofline, token_prediction
+from host.compiler import plan_shape
+from host.perf import BOARDS, MODEL_FIELDS, SCHEDULE_OPTIONS, BuildParams, roofline, token_prediction
 from hw.isa import InstrFlags, TritPacking
 
 MODEL = REPO / "models" / "hgrn-bit-pydoc"
@@ -58,7 +59,7 @@ def schedules(lanes: int, channels: int, bus: int) -> dict[str, BuildParams]:
 
 
 def shipped_images(channels: list[int]) -> tuple[tuple[int, int, int, int], dict]:
-    """Compile the shipped model for every packing and channel count; check the shape-only sizes."""
+    """Compile the shipped model for every packing and channel count; check the plans' sizes."""
     from host.checkpoint import load_checkpoint
     from host.compiler import CompileOptions, calibrate, compile_model
 
@@ -70,9 +71,9 @@ def shipped_images(channels: list[int]) -> tuple[tuple[int, int, int, int], dict
     for pname, packing in PACKINGS.items():
         for ch in channels:
             n = len(compile_model(ck.weights, CompileOptions(packing=packing, channels=ch, formats=fm)))
-            model = program_shapes(*shape, packing=packing, channels=ch).image_bytes
+            model = plan_shape(*shape, packing=packing, channels=ch).image_bytes
             if n != model:
-                raise SystemExit(f"shape-only image size {model} != compiled {n} ({pname}, {ch} channels)")
+                raise SystemExit(f"planned image size {model} != compiled {n} ({pname}, {ch} channels)")
             out[f"{pname}/{ch}ch"] = n
     return shape, out
 
@@ -87,10 +88,10 @@ def const_words(prog) -> int:
 
 def image_table(name: str, shape: tuple) -> dict:
     row = {"shape": dict(zip(("hidden", "intermediate", "layers", "vocab"), shape, strict=True))}
-    progs = {p: program_shapes(*shape, packing=pk) for p, pk in PACKINGS.items()}
+    progs = {p: plan_shape(*shape, packing=pk) for p, pk in PACKINGS.items()}
     row["trits"] = progs["1.6-bit"].trits
     for p, prog in progs.items():
-        row[p] = {"image_bytes": {f"{ch}ch": program_shapes(*shape, packing=PACKINGS[p], channels=ch).image_bytes
+        row[p] = {"image_bytes": {f"{ch}ch": plan_shape(*shape, packing=PACKINGS[p], channels=ch).image_bytes
                                   for ch in (1, 2, 4)},
                   "weight_bytes": prog.weight_bytes}
     one = progs["1.6-bit"]
@@ -105,7 +106,7 @@ def predict(shape: tuple) -> list[dict]:
     rows = []
     for pname, packing in PACKINGS.items():
         for lanes, ch, bus in BUILDS:
-            prog = program_shapes(*shape, packing=packing, channels=ch)
+            prog = plan_shape(*shape, packing=packing, channels=ch)
             for sname, build in schedules(lanes, ch, bus).items():
                 p = token_prediction(prog, build)
                 boards = {}
@@ -120,7 +121,7 @@ def predict(shape: tuple) -> list[dict]:
                                                                                else "ports")}
                 layer = {k: v for k, v in p["layer"].items() if k != "per_instruction"}
                 rows.append({"packing": pname, "lanes": lanes, "channels": ch, "bus_bits": bus,
-                             "schedule": sname, "build": build.as_dict(), "image_bytes": p["image_bytes"],
+                             "schedule": sname, "build": build.as_dict(MODEL_FIELDS), "image_bytes": p["image_bytes"],
                              "trits": p["trits"], "cycles_per_token": p["cycles"],
                              "ideal_cycles": p["ideal_cycles"], "stream_efficiency": p["stream_efficiency"],
                              "binding": p["binding"], "parts": p["parts"], "layer": layer, "boards": boards})
@@ -131,7 +132,7 @@ def layer_analysis() -> dict:
     """The 370M layer at matched 256-lane builds: the split of the cycles and each proposal's effect."""
     out = {}
     for lanes, ch, bus in [(256, 4, 128), (256, 2, 256)]:
-        prog = program_shapes(*SHAPES["370M"], channels=ch)
+        prog = plan_shape(*SHAPES["370M"], channels=ch)
         key = f"{lanes}x{ch}x{bus}"
         base = token_prediction(prog, BuildParams(lanes=lanes, channels=ch, bus_bits=bus))
         prop = token_prediction(prog, BuildParams.overlapped(lanes=lanes, channels=ch, bus_bits=bus,
@@ -280,7 +281,7 @@ def markdown(report: dict) -> str:
             L.append(f"| {name} | {lanes}×{ch}×{bus} | " + " | ".join(cells) + " |")
     L.append("")
     an = report["layer_analysis"]["256x4x128"]
-    shapes = {i.name: i for i in program_shapes(*SHAPES["370M"], channels=4).instructions}
+    shapes = {i.name: i for i in plan_shape(*SHAPES["370M"], channels=4).instructions}
     for which, title in (("default_layer", "default schedule"),
                          ("proposed_layer", f"proposed schedule ({PROPOSED_QUANT_LANES} quantize lanes)")):
         lay = an[which]
@@ -367,9 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     report["note"] = NOTE
     report["model_constants"] = {k: getattr(perf, k) for k in ("SCALAR_CYCLES", "RECIP_CYCLES", "QUANT_LATENCY",
                                                                "EPILOGUE_LATENCY", "OUTPUT_CYCLES")}
-    report["boards"] = {k: dataclasses.asdict(v) for k, v in BOARDS.items()}
+    report["boards"] = {k: {**dataclasses.asdict(v), "design": v.design.device_kwargs()} for k, v in BOARDS.items()}
     report["builds"] = [dict(zip(("lanes", "channels", "bus_bits"), b, strict=True)) for b in BUILDS]
-    report["proposed_schedule"] = dataclasses.asdict(BuildParams.overlapped(quant_lanes=PROPOSED_QUANT_LANES))
+    report["proposed_schedule"] = BuildParams.overlapped(quant_lanes=PROPOSED_QUANT_LANES).as_dict(MODEL_FIELDS)
     shipped_shape, compiled = shipped_images(sorted({ch for _, ch, _ in BUILDS} | {1, 2, 4}))
     shapes = {"shipped": shipped_shape, **SHAPES}
     report["shipped_compiled_image_bytes"] = compiled

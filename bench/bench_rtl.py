@@ -53,6 +53,7 @@ Results go to ``bench/results/rtl.json`` (``--out``), with ``--layer-370m`` to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -273,10 +274,11 @@ def bench_layer370m(lanes: int, channels: int, bus_bits: int, *, n_layers: int =
     dict
         JSON-ready results of this build.
     """
+    from host.compiler import plan_instructions, plan_shape
     from host.devices.golden import GoldenDevice
     from host.devices.rtl import RtlDevice
     from host.model import HGRNBitConfig, random_weights
-    from host.perf import program_shapes, stream_efficiency, token_prediction
+    from host.perf import stream_efficiency, token_prediction
     from hw.isa import Counter, Opcode
 
     cfg = HGRNBitConfig(vocab_size=vocab, num_hidden_layers=n_layers, **LAYER_SHAPE)
@@ -292,11 +294,12 @@ def bench_layer370m(lanes: int, channels: int, bus_bits: int, *, n_layers: int =
     load_s = time.perf_counter() - t0
     try:
         image, bp = rtl.image, rtl.build
-        # instruction names from the shape program (parsed images carry none); shapes checked against the image
-        shapes = program_shapes(cfg.hidden_size, cfg.intermediate_size, n_layers, vocab,
-                                packing=rtl.options.packing, channels=channels).instructions
-        if [(s.opcode, s.n, s.k) for s in shapes] != [(i.opcode, i.n, i.k) for i in image.instructions]:
-            raise RuntimeError("the image's instructions differ from host.perf.program_shapes'")
+        # instruction names from the compiler's plan (parsed images carry none); the plan checked against the image
+        shapes = plan_shape(cfg.hidden_size, cfg.intermediate_size, n_layers, vocab,
+                            packing=rtl.options.packing, channels=channels).instructions
+        parsed = plan_instructions(image.instructions, packing=rtl.options.packing, channels=channels)
+        if [dataclasses.replace(s, name="") for s in shapes] != [dataclasses.replace(i, name="") for i in parsed]:
+            raise RuntimeError("the image's instructions differ from host.compiler.plan_shape's")
         names = [s.name for s in shapes]
         nbytes = _instruction_bytes(image)
         nonzero = gold.machine.nonzero_trits()
@@ -346,8 +349,8 @@ def bench_layer370m(lanes: int, channels: int, bus_bits: int, *, n_layers: int =
                 "layers": layers, "counters": compare_counters(hw_per, model_per, names)})
         rtl.profile = False
         # the cycle model of the full 24-layer, 32000-word 370M program: its steady-state layer
-        program = program_shapes(cfg.hidden_size, cfg.intermediate_size, LAYER_FULL["num_hidden_layers"],
-                                 LAYER_FULL["vocab_size"], packing=rtl.options.packing, channels=channels)
+        program = plan_shape(cfg.hidden_size, cfg.intermediate_size, LAYER_FULL["num_hidden_layers"],
+                             LAYER_FULL["vocab_size"], packing=rtl.options.packing, channels=channels)
         full = token_prediction(program, bp)["layer"]
         return {
             "build": {**build, **caps, "packing": rtl.options.packing.name.lower()},
@@ -424,13 +427,14 @@ def bench_amaranth(checkpoint, lanes: int, bus_bits: int, cycles: int) -> dict:
     from host.devices.golden import make_token_packet
     from host.image import parse_image
     from hw import numerics as nx
+    from hw.params import BuildParams
     from hw.top import Accelerator
 
     image = compile_model(checkpoint.weights, CompileOptions())
     info = parse_image(image).info
     pk = make_token_packet(nx.to_fixed(checkpoint.weights.embeddings[1], info.residual_frac))
-    dut = Accelerator(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=8, max_hidden=info.hidden,
-                      max_intermediate=info.intermediate, max_layers=8)
+    dut = Accelerator(BuildParams(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=8, max_hidden=info.hidden,
+                                  max_intermediate=info.intermediate, max_layers=8))
     bb = bus_bits // 8
     raw = pk + image
     beats = [int.from_bytes(raw[i:i + bb], "little") for i in range(0, len(raw), bb)]

@@ -51,7 +51,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
-import inspect
 import json
 import os
 import re
@@ -136,7 +135,8 @@ COMPONENTS = ("gearbox", "gemv", "epilogue", "scalar", "quant", "regs", "acceler
 
 # ------------------------------------------------------------------------------------------ components
 def accelerator_params(cfg: Config) -> dict:
-    """Keyword arguments of the ``Accelerator`` of a build point (default buffer capacities)."""
+    """The ``Accelerator`` build of a build point as :class:`hw.params.BuildParams` keywords (default buffer
+    capacities)."""
     return {"lanes": cfg.lanes * cfg.channels, "channels": cfg.channels, "bus_bits": cfg.bus_bits,
             "quant_lanes": cfg.quant_lanes}
 
@@ -147,14 +147,14 @@ def build_component(name: str, cfg: Config):
     from hw.gearbox import TritGearbox
     from hw.gemv import TernaryGemv
     from hw.isa import TritPacking
+    from hw.params import BuildParams
     from hw.quant import Quantizer
     from hw.regs import RegisterBlock
     from hw.scalar import ScalarUnit
     from hw.top import Accelerator
 
-    top_params = accelerator_params(cfg)
-    defaults = {k: p.default for k, p in inspect.signature(Accelerator).parameters.items()}
-    max_k = max(defaults["max_hidden"], defaults["max_intermediate"])  # as Accelerator.max_k
+    top = BuildParams(**accelerator_params(cfg))
+    max_k = max(top.max_hidden, top.max_intermediate)  # as Accelerator.max_k
     if name == "gearbox":
         args = {"packing": "BASE3", "bus_bits": cfg.bus_bits, "lanes": cfg.lanes}
         return TritGearbox(packing=TritPacking.BASE3, bus_bits=cfg.bus_bits, lanes=cfg.lanes), args
@@ -169,12 +169,12 @@ def build_component(name: str, cfg: Config):
     if name == "scalar":
         return ScalarUnit(), {}
     if name == "regs":
-        acc = Accelerator(**top_params)
+        acc = Accelerator(top)
         acc._MustUse__silence = True   # built for its ID values only (no UnusedElaboratable warning)
         return RegisterBlock(id_values=acc.id_values()), {"id_values": "Accelerator(...).id_values()"}
     if name == "accelerator":
-        acc = Accelerator(**top_params)
-        args = {**top_params, "packing": "BASE3", "max_hidden": acc.max_hidden,
+        acc = Accelerator(top)
+        args = {**accelerator_params(cfg), "packing": "BASE3", "max_hidden": acc.max_hidden,
                 "max_intermediate": acc.max_intermediate, "max_layers": acc.max_layers}
         return acc, args
     raise ValueError(f"unknown component {name!r}")

@@ -358,19 +358,20 @@ def _designs() -> dict:
 def design_prediction(shape: tuple, design, schedule: str, packing: str = "1.6-bit") -> dict:
     """:func:`host.perf.token_prediction` of a model shape at a board's design point (``schedule`` ``"default"``:
     as built; ``"proposed"``: every schedule option of :meth:`host.perf.BuildParams.overlapped` on)."""
-    from host.perf import BuildParams, program_shapes, token_prediction
+    from host.compiler import plan_shape
+    from host.perf import BuildParams, token_prediction
     from hw.isa import TritPacking
 
-    kw = design.build_params()
+    kw = design.device_kwargs()
     build = BuildParams(**kw) if schedule == "default" else BuildParams.overlapped(**kw)
-    prog = program_shapes(*shape, packing=TritPacking[_PACKINGS[packing]], channels=design.channels)
+    prog = plan_shape(*shape, packing=TritPacking[_PACKINGS[packing]], channels=design.channels)
     return token_prediction(prog, build)
 
 
 def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[dict]:
     """Projected decode rate and energy per board (PROJECTED: cycle model x clock x roofline x power estimate), each
     board at its design point (:data:`hw.boards.facts.BOARDS`: build and clock) with its peak bandwidths and idle."""
-    from host.perf import BuildParams, roofline
+    from host.perf import roofline
     from host.power.estimate import IDLE, EstimateSource
 
     perf = data.get("perf")
@@ -408,7 +409,7 @@ def project(data: dict, model: str = "370M", packing: str = "1.6-bit") -> list[d
             r = design_prediction(shape, design, schedule, packing)
             cycles = r["cycles"]
             img, trits = r["image_bytes"], r["trits"]
-            rl = roofline(img, trits, BuildParams(**design.build_params()), facts)
+            rl = roofline(img, trits, design, facts)
             rates = {k: rl[k] for k in ("dram", "ports", "channels", "lanes")}
             cycles_rate = fmax * 1e6 / cycles
             tok_s = min(cycles_rate, rates["dram"], rates["ports"])

@@ -169,7 +169,7 @@ def analyse(netlist: dict, top: str = "mmfree_core", limit_ns: float = 20.0, gro
                         "path": json.loads(k)[1]} for k, (n, w) in top_groups]}
 
 
-def synthesise(params: dict, workdir: Path, timeout: float) -> tuple[Path, dict]:
+def synthesise(params, workdir: Path, timeout: float) -> tuple[Path, dict]:
     """``synth_ecp5`` of the core with ``params`` into ``workdir/netlist.json``; (path, tool record)."""
     from hw.export import export_verilog
 
@@ -189,8 +189,8 @@ def synthesise(params: dict, workdir: Path, timeout: float) -> tuple[Path, dict]
 
 
 def main(argv=None) -> int:
-    from hw.boards.ecp5 import DEFAULT_PARAMS
-    from hw.export import export_key, normalize_params
+    from hw.boards.ecp5 import DEFAULT_BUILD
+    from hw.export import export_key
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lanes", type=int, default=16, help="lanes (default 16)")
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds for Yosys (default 7200)")
     ap.add_argument("--out", type=Path, default=RESULTS / "timing_proxy.json")
     args = ap.parse_args(argv)
-    params = normalize_params({**DEFAULT_PARAMS, "lanes": args.lanes, "quant_lanes": args.quant_lanes})
+    params = DEFAULT_BUILD.replace(lanes=args.lanes, quant_lanes=args.quant_lanes)
     rec: dict = {}
     if args.netlist is None:
         work = REPO / "build" / "timing_proxy" / export_key(params)
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
           f"{args.limit_ns} ns")
     for g in result["groups"][:15]:
         print(f"  {g['worst_ns']:6.1f} ns {g['endpoints']:5d}  {g['endpoint']}  <=  {' <- '.join(g['path'])}")
-    write_json(args.out, {**provenance("timing_proxy"), "params": params, **rec,
+    write_json(args.out, {**provenance("timing_proxy"), "params": params.gateware(), **rec,
                           "model": {"route_ns": ROUTE_NS, "carry_ns": CARRY_NS, "setup_ns": SETUP_NS,
                                     "comb_ns": COMB_NS, "clk_to_out_ns": CLK_TO_OUT_NS},
                           **result})

@@ -39,18 +39,20 @@ GEMV with ARGMAX and OUT of the raw accumulators; ``END_TOKEN`` commits the stat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from host.image import Instruction, MicroOpSpec, assemble
-from host.model import BitLinearWeights, ModelWeights
+from host.image import Instruction, MicroOpSpec, assemble, channel_block_bytes, const_section_bytes
+from host.model import BitLinearWeights, HGRNBitConfig, LayerWeights, ModelWeights
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Buffer, InstrFlags, MicroOpcode, Opcode, TritPacking
 
 __all__ = ["CompileOptions", "Formats", "LayerFormats", "calibrate", "check_weights", "frac_for", "ssq_bias",
-           "compile_program", "compile_model", "OUTPUT_GATES", "CONST_MAX"]
+           "compile_program", "compile_model", "OUTPUT_GATES", "CONST_MAX", "InstrPlan", "ProgramPlan",
+           "shape_weights", "plan_instructions", "plan_model", "plan_shape"]
 
 OUTPUT_GATES = ("released", "paper")
 M = MicroOpcode
@@ -332,7 +334,7 @@ def _reductions(consts: _Consts, block_gamma: np.ndarray, consumers: list[np.nda
 
 
 def compile_program(weights: ModelWeights, options: CompileOptions = CompileOptions(),
-                    formats: Formats | None = None) -> list[Instruction]:
+                    formats: Formats | None = None, *, with_trits: bool = True) -> list[Instruction]:
     """The whole per-token program of a model (one instruction per GEMV, plus LOAD_TOKEN and END_TOKEN).
 
     Parameters
@@ -341,6 +343,9 @@ def compile_program(weights: ModelWeights, options: CompileOptions = CompileOpti
     options : CompileOptions
     formats : Formats, optional
         Overrides ``options.formats``; None with ``options.formats`` None calibrates (:func:`calibrate`).
+    with_trits : bool
+        False leaves every GEMV's ``trits`` None (only their shape is read): what :func:`plan_model` needs,
+        where the weights are :func:`shape_weights`' stand-ins.
 
     Returns
     -------
@@ -383,7 +388,8 @@ def compile_program(weights: ModelWeights, options: CompileOptions = CompileOpti
         ins = Instruction(opcode=Opcode.GEMV, name=name, layer=layer, n=trits.shape[0], k=trits.shape[1],
                           src=src, amax_reg=amax_reg, ssq_reg=ssq_reg, cb_mant=cb_mant, cb_shift=cb_shift,
                           ssq_bias=bias, ssq_bias_shift=bias_shift,
-                          out_frac=out_frac, ops=ops, consts=cvecs, trits=np.ascontiguousarray(trits),
+                          out_frac=out_frac, ops=ops, consts=cvecs,
+                          trits=np.ascontiguousarray(trits) if with_trits else None,
                           flags=flags or InstrFlags(0))
         if reuse:
             ins.flags |= InstrFlags.REUSE_CODES
@@ -492,10 +498,7 @@ def compile_program(weights: ModelWeights, options: CompileOptions = CompileOpti
 def compile_model(weights: ModelWeights, options: CompileOptions = CompileOptions()) -> bytes:
     """Compile a model into image bytes (deterministic: same weights and options, same bytes)."""
     cfg = weights.config
-    if cfg.hidden_size > isa.MAX_HIDDEN or cfg.intermediate_size > isa.MAX_INTERMEDIATE or \
-            cfg.num_hidden_layers > isa.MAX_LAYERS or cfg.vocab_size > isa.MAX_VOCAB:
-        raise ValueError(f"model shape (hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
-                         f"{cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}) exceeds the ISA limits")
+    _check_shape(cfg)
     check_weights(weights)
     fm = options.formats or calibrate(weights, output_gate=options.output_gate)
     prog = compile_program(weights, options, fm)
@@ -503,3 +506,176 @@ def compile_model(weights: ModelWeights, options: CompileOptions = CompileOption
                     hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
                     residual_frac=fm.residual, state_frac=fm.state, gate_frac=nx.GATE_FRAC,
                     lut_segments_log2=options.lut_segments_log2)
+
+
+def _check_shape(cfg: HGRNBitConfig) -> None:
+    """Refuse a model shape beyond :mod:`hw.isa`'s limits (``ValueError``)."""
+    if cfg.hidden_size > isa.MAX_HIDDEN or cfg.intermediate_size > isa.MAX_INTERMEDIATE or \
+            cfg.num_hidden_layers > isa.MAX_LAYERS or cfg.vocab_size > isa.MAX_VOCAB:
+        raise ValueError(f"model shape (hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
+                         f"{cfg.num_hidden_layers} layers, vocab {cfg.vocab_size}) exceeds the ISA limits")
+
+
+# ------------------------------------------------------------------------------------------- plans
+_INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)
+_IMAGE_HEADER_BYTES = isa.layout_bytes(isa.ImageHeader)
+
+
+@dataclass(frozen=True)
+class InstrPlan:
+    """One instruction of a :class:`ProgramPlan`: what the cycle model and the byte counts need, no data.
+
+    The fields are :class:`host.image.Instruction`'s (``opcode`` .. ``ssq_reg``), then what its micro-ops
+    and constants amount to: ``n_ops`` micro-ops (the folded epilogue's passes), ``n_consts`` constant
+    vectors C0.., the buffers (``stores``) and reduction registers (``reduces``) its epilogue writes, and
+    its bytes in the image: ``weight_bytes`` (each channel's weight block with its padding and CRC word,
+    :func:`host.image.channel_block_bytes`) and :attr:`const_bytes` (the constants section after the 64-byte
+    header, on channel 0: :func:`host.image.const_section_bytes` of these fields, so that a what-if copy with
+    other flags or constant counts sizes itself).
+    """
+
+    opcode: Opcode
+    name: str
+    flags: InstrFlags
+    layer: int
+    n: int
+    k: int
+    src: Buffer
+    amax_reg: int
+    ssq_reg: int
+    n_ops: int
+    n_consts: int
+    stores: frozenset[Buffer]
+    reduces: frozenset[int]
+    weight_bytes: tuple[int, ...]
+
+    @property
+    def consts(self) -> tuple[None, ...]:
+        """Placeholders for the constant vectors (their number is what sizes the section)."""
+        return (None,) * self.n_consts
+
+    @property
+    def const_bytes(self) -> int:
+        """Bytes of the constants section (QC with ``QCONST``, then C0..), on channel 0."""
+        return const_section_bytes(self)
+
+    @property
+    def channel_bytes(self) -> tuple[int, ...]:
+        """Bytes on each channel: the header and constants on channel 0, and each channel's weight block."""
+        head = _INSTR_HEADER_BYTES + self.const_bytes
+        return tuple(w + (head if c == 0 else 0) for c, w in enumerate(self.weight_bytes))
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(self.channel_bytes)
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """A model's program without weights: the instructions :func:`compile_program` emits for a model of this
+    shape and these options (:func:`plan_model`), as :class:`InstrPlan` records. It also serves as the
+    ``info`` argument of the cycle model (:func:`host.perf.schedule`: it has ``packing``, ``channels`` and
+    ``vocab``).
+
+    Attributes
+    ----------
+    hidden, intermediate, n_layers, vocab : int
+    packing : TritPacking
+    channels : int
+    instructions : tuple of InstrPlan
+    """
+
+    hidden: int
+    intermediate: int
+    n_layers: int
+    vocab: int
+    packing: TritPacking
+    channels: int
+    instructions: tuple[InstrPlan, ...] = field(repr=False)
+
+    @property
+    def image_bytes(self) -> int:
+        """Exactly ``len(compile_model(...))`` for a model of this shape with these options."""
+        return _IMAGE_HEADER_BYTES + sum(i.image_bytes for i in self.instructions)
+
+    @property
+    def trits(self) -> int:
+        return sum(i.n * i.k for i in self.instructions if i.opcode is Opcode.GEMV)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(sum(i.weight_bytes) for i in self.instructions)
+
+    def layer_slice(self, layer: int) -> slice:
+        """Indices of layer ``layer``'s GEMVs in :attr:`instructions` (contiguous, in program order)."""
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer {layer} of a {self.n_layers}-layer program")
+        idx = [j for j, i in enumerate(self.instructions) if i.opcode is Opcode.GEMV and i.layer == layer
+               and InstrFlags.LOGITS not in i.flags]
+        return slice(idx[0], idx[-1] + 1)
+
+
+def shape_weights(config: HGRNBitConfig) -> ModelWeights:
+    """A stand-in for a model of ``config``'s shape without its weights: unit norms and weight scales, no lower
+    bounds, and trits and embeddings that are zero-strided views (``numpy.broadcast_to``: nothing of size
+    ``H x H`` is allocated, so the 2.7B shape costs a few vectors)."""
+    h, inter, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    ones = {n: np.broadcast_to(np.float32(1.0), (n,)) for n in {h, inter}}
+
+    def bl(n: int, k: int) -> BitLinearWeights:
+        return BitLinearWeights(norm=ones[k], trits=np.broadcast_to(np.int8(0), (n, k)), scale=np.float32(1.0))
+
+    layers = [LayerWeights(attn_norm=ones[h], i_proj=bl(h, h), f_proj=bl(h, h), g_proj=bl(h, h), g_norm=ones[h],
+                           o_proj=bl(h, h), mlp_norm=ones[h], gate_proj=bl(2 * inter, h), down_proj=bl(h, inter))
+              for _ in range(config.num_hidden_layers)]
+    return ModelWeights(config=config, embeddings=np.broadcast_to(np.float32(0.0), (v, h)), lower_bounds=None,
+                        layers=layers, norm=ones[h], lm_head=bl(v, h))
+
+
+def plan_instructions(program: Sequence[Instruction], *, packing: TritPacking,
+                      channels: int) -> tuple[InstrPlan, ...]:
+    """The :class:`InstrPlan` of each instruction of a program (compiled, planned or parsed from an image)."""
+    packing = TritPacking(packing)
+    out = []
+    for ins in program:
+        stores = frozenset(op.buf for op in ins.ops if op.op is M.ST)
+        reduces = frozenset(op.reg for op in ins.ops if op.op in (M.SSQ, M.AMAX))
+        wb = (channel_block_bytes(ins.n, ins.k, channels, packing) if ins.opcode is Opcode.GEMV
+              else [0] * channels)
+        out.append(InstrPlan(opcode=ins.opcode, name=ins.name, flags=ins.flags, layer=ins.layer, n=ins.n, k=ins.k,
+                             src=ins.src, amax_reg=ins.amax_reg, ssq_reg=ins.ssq_reg, n_ops=len(ins.ops),
+                             n_consts=len(ins.consts), stores=stores, reduces=reduces, weight_bytes=tuple(wb)))
+    return tuple(out)
+
+
+def plan_model(config: HGRNBitConfig, options: CompileOptions = CompileOptions()) -> ProgramPlan:
+    """The plan of a model of ``config``'s shape compiled with ``options``, without weights.
+
+    :func:`compile_program` itself runs, on :func:`shape_weights`' stand-ins with uniform formats (the formats
+    and the weights' values change constants and shifts, not the instructions, their flags, micro-op counts or
+    sizes), and each instruction becomes an :class:`InstrPlan`: the same code path that compiles real weights.
+
+    Raises
+    ------
+    ValueError
+        A shape beyond the ISA limits or an invalid config (``host.model.ConfigError``).
+    """
+    config.validate(source="plan_model")
+    _check_shape(config)
+    prog = compile_program(shape_weights(config), options, Formats.uniform(config.num_hidden_layers),
+                           with_trits=False)
+    return ProgramPlan(hidden=config.hidden_size, intermediate=config.intermediate_size,
+                       n_layers=config.num_hidden_layers, vocab=config.vocab_size, packing=options.packing,
+                       channels=options.channels,
+                       instructions=plan_instructions(prog, packing=options.packing, channels=options.channels))
+
+
+def plan_shape(hidden: int, intermediate: int, n_layers: int, vocab: int, *,
+               packing: TritPacking = TritPacking.BASE3, channels: int = 1,
+               output_gate: str = "released") -> ProgramPlan:
+    """:func:`plan_model` of the shape ``(hidden, intermediate, n_layers, vocab)`` (``HGRNBitConfig``'s
+    ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``vocab_size``; the released 370M, 1.3B and
+    2.7B shapes included)."""
+    cfg = HGRNBitConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=n_layers,
+                        intermediate_size=intermediate)
+    return plan_model(cfg, CompileOptions(packing=packing, channels=channels, output_gate=output_gate))

@@ -8,7 +8,7 @@ instruction's 64-byte header at one beat per cycle (``hb = 64 / beat_bytes`` bea
 cycles), then its constants (``cb`` beats, into the constant bank the executing instruction does not read,
 but not while the executing instruction's quantize pass still reads QC) and their CRC check (a cycle);
 once the sequencer has dispatched it, a GEMV's channel-0 weight block goes into a weight FIFO of
-``fifo_beats`` beats (from which gearbox 0 reads), and the next header follows at once. The
+``weight_fifo_beats`` beats (from which gearbox 0 reads), and the next header follows at once. The
 **sequencer** dispatches an instruction (a cycle) once the previous one is done and the fetcher has it,
 and executes it. Per instruction ``i`` (``X[i-1]``: the previous instruction's last cycle; ``F``: the cycle
 the fetcher starts this header, the cycle after the previous dispatch or after the previous GEMV's last
@@ -24,7 +24,7 @@ QC, its GEMV_START, or for LOAD_TOKEN its first epilogue cycle)::
                                                     ceil(block_data_bytes_c / beat_bytes) + 5))
       drain     = GEMV_LATENCY + ceil(log2(lanes_per_channel)) + EPILOGUE_LATENCY + DONE_LATENCY + 1
       next F    = D + beats_0 + 1, or later when the block is deeper than the FIFO: the FIFO then
-                  waits for gearbox 0 (about start + 2 + (beats_0 - 1 - fifo_beats) * max(1, compute_0 /
+                  waits for gearbox 0 (about start + 2 + (beats_0 - 1 - weight_fifo_beats) * max(1, compute_0 /
                   beats_0), ``start`` the GEMV_START cycle)
     LOAD_TOKEN  F = 1 + token_packet_words + 2 + (16 + 2) + 1     (token packet and image header, word by word)
                 X = D + 1 + H + EPILOGUE_LATENCY + DONE_LATENCY;   next F = D + 1
@@ -58,33 +58,36 @@ instruction's header and constants that the fetcher takes while the previous ins
 counted in the previous instruction's ``STREAM_BEATS``, and an instruction's cost depends on the one
 before it: a token is scheduled as a timeline (:func:`schedule`, :func:`token_counters`).
 
-The options of :class:`BuildParams` (``overlap_headers``, ``stripe_consts``, ``overlap_prologue``,
-``stream_prologue``) model proposed schedule changes (docs/PERFORMANCE_MODEL.md says what each needs in
-hardware and in the image layout).
+The build is a :class:`hw.params.BuildParams` (the one build type; imported here, ``host.perf.BuildParams``
+is the same class): the model reads :data:`MODEL_FIELDS`. Its options ``overlap_headers``, ``stripe_consts``,
+``overlap_prologue`` and ``stream_prologue`` model proposed schedule changes (docs/PERFORMANCE_MODEL.md says
+what each needs in hardware and in the image layout).
 
 Stream efficiency (docs/ARCHITECTURE.md section 3) is
 ``max(image bytes / (channels * beat bytes), trits / lanes) / cycles`` over a whole token.
 
-Model programs of any shape (the released 370M, 1.3B and 2.7B included) are described without weights
-by :func:`program_shapes`: the instruction shapes that :func:`host.compiler.compile_program` emits,
-their image size and their counters, exactly as for a compiled image of that shape.
+Model programs of any shape (the released 370M, 1.3B and 2.7B included) come without weights from the
+compiler (:func:`host.compiler.plan_model`, :func:`host.compiler.plan_shape`): the instructions
+:func:`host.compiler.compile_program` emits, with their image size, so their counters are exactly those of a
+compiled image of that shape.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from hw import isa
 from hw.boards import facts as _facts
-from hw.isa import Buffer, Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
+from hw.isa import Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
+from hw.params import SCHEDULE_OPTIONS, BuildParams
 
 __all__ = [
     "BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "RECIP_CYCLES", "CRC_GAP_CYCLES", "QUANT_LATENCY",
     "EPILOGUE_LATENCY", "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters",
-    "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "InstrShape", "ProgramShape",
-    "program_shapes", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
+    "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "MODEL_FIELDS", "instruction_bytes",
+    "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
     "epilogue_passes", "epilogue_latency", "FOLDED_ENTRY_LATENCY", "FOLDED_PASS_CYCLES",
 ]
 
@@ -131,117 +134,10 @@ GEARBOX_STREAM_LATENCY = 5
 #: read from cycle t + 2
 WEIGHT_FIFO_LATENCY = 2
 
-#: The schedule options of :class:`BuildParams` (all False: the serial schedule, the default).
-SCHEDULE_OPTIONS = ("overlap_headers", "stripe_consts", "overlap_prologue", "stream_prologue")
-
-
-@dataclass(frozen=True)
-class BuildParams:
-    """Build parameters of an accelerator instance (the ID block reports them) and its schedule.
-
-    Attributes
-    ----------
-    lanes : int
-        Trits consumed per cycle, all channels together (a multiple of ``channels``).
-    channels : int
-        AXI4-Stream weight channels.
-    bus_bits : int
-        ``tdata`` width of each weight channel (a multiple of 32).
-    quant_lanes : int
-        Codes formed per cycle by the quantize prologue.
-    fmax_mhz : float
-        Clock, for time and roofline figures.
-    overlap_headers : bool
-        Proposed (default False). The stream reader runs ahead of the lanes through a weight FIFO of
-        ``fifo_beats`` beats per channel, and headers/constants go to a double-buffered header unit: the
-        next instruction's header and constants stream while the current GEMV computes (in the channel's
-        idle beats) and while its epilogue drains, and a GEMV's first weights stream during its prologue.
-    stripe_consts : bool
-        Proposed (default False; an image layout change). The constant words are split over all channels
-        (``C0..C3`` row ``r`` on the channel that carries row ``r``, ``QC`` word ``k`` on channel
-        ``k % channels``); the 64-byte instruction header stays on channel 0.
-    overlap_prologue : bool
-        Proposed (default False). Double-buffered codes and an epilogue that carries an instruction tag per
-        element: a GEMV whose source buffer and reduction registers the previous instruction does not write
-        (f_proj, g_proj) forms its codes while the previous GEMV computes, and its body starts when the
-        lanes are free, not when the previous epilogue has drained.
-    stream_prologue : bool
-        Proposed (default False). The quantize pass feeds the lanes directly, one chunk ahead of the first
-        row, instead of finishing before the GEMV starts: the barrier costs :data:`RECIP_CYCLES` +
-        :data:`QUANT_LATENCY` (+ ``ceil(K / quant_lanes) - ceil(K / lanes_per_channel)`` when the pass is
-        slower than the first row); the dequantization scale is finished during the first rows.
-    fifo_beats : int
-        Weight FIFO depth per channel in beats (used with ``overlap_headers``).
-    epilogue_folded : bool
-        The folded epilogue (``ID_EPILOGUE`` 1; the ECP5 builds): an element every ``max(n_ops, 1)``
-        cycles, and a drain of ``FOLDED_ENTRY_LATENCY + FOLDED_PASS_CYCLES * max(n_ops, 1)`` cycles (plus
-        two when the last micro-op reduces, not modelled).
-
-    Raises
-    ------
-    ValueError
-        A non-positive or non-integer size, ``lanes`` not a multiple of ``channels``, ``bus_bits`` not a
-        multiple of 32, or a schedule option that is not a bool.
-    """
-
-    lanes: int = 64
-    channels: int = 1
-    bus_bits: int = 64
-    quant_lanes: int = 8
-    fmax_mhz: float = 100.0
-    overlap_headers: bool = False
-    stripe_consts: bool = False
-    overlap_prologue: bool = False
-    stream_prologue: bool = False
-    fifo_beats: int = 1024
-    epilogue_folded: bool = False
-
-    def __post_init__(self):
-        for name in ("lanes", "channels", "bus_bits", "quant_lanes"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.lanes % self.channels:
-            raise ValueError(f"lanes ({self.lanes}) must be a multiple of channels ({self.channels})")
-        if self.bus_bits % 32:
-            raise ValueError(f"bus_bits must be a multiple of 32, got {self.bus_bits}")
-        if not (isinstance(self.fmax_mhz, (int, float)) and self.fmax_mhz > 0):
-            raise ValueError(f"fmax_mhz must be positive, got {self.fmax_mhz!r}")
-        for name in SCHEDULE_OPTIONS:
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not isinstance(self.epilogue_folded, bool):
-            raise ValueError(f"epilogue_folded must be a bool, got {self.epilogue_folded!r}")
-        if not isinstance(self.fifo_beats, int) or isinstance(self.fifo_beats, bool) or self.fifo_beats < 0:
-            raise ValueError(f"fifo_beats must be a non-negative integer, got {self.fifo_beats!r}")
-
-    @classmethod
-    def from_id_block(cls, ident: dict) -> BuildParams:
-        """The build a core's ID block describes (``host.devices.board.read_id_block``'s fields by name;
-        ``epilogue_folded`` absent or 0 on builds before ``ID_EPILOGUE``)."""
-        return cls(lanes=ident["lanes"], channels=ident["channels"], bus_bits=ident["bus_bits"],
-                   quant_lanes=ident["quant_lanes"], epilogue_folded=bool(ident.get("epilogue_folded", 0)))
-
-    @classmethod
-    def overlapped(cls, **kw) -> BuildParams:
-        """A build with every proposed schedule option on (``kw`` sets the rest)."""
-        return cls(**{**{name: True for name in SCHEDULE_OPTIONS}, **kw})
-
-    @property
-    def beat_bytes(self) -> int:
-        return self.bus_bits // 8
-
-    @property
-    def lanes_per_channel(self) -> int:
-        return self.lanes // self.channels
-
-    @property
-    def serial(self) -> bool:
-        """True for the default schedule (no proposed option on)."""
-        return not any(getattr(self, name) for name in SCHEDULE_OPTIONS)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+#: The fields of a :class:`~hw.params.BuildParams` the cycle model reads (:meth:`~hw.params.BuildParams.as_dict`
+#: of them is how the benchmarks record a build).
+MODEL_FIELDS = ("lanes", "channels", "bus_bits", "quant_lanes", "fmax_mhz", *SCHEDULE_OPTIONS, "weight_fifo_beats",
+                "epilogue_folded")
 
 
 def _beats(nbytes: int, beat_bytes: int) -> int:
@@ -270,49 +166,20 @@ def drain_cycles(build: BuildParams, n_ops: int = isa.MAX_OPS) -> int:
 
 
 def _n_ops(ins) -> int:
-    return ins.n_ops if isinstance(ins, InstrShape) else len(ins.ops)
+    """Micro-ops of an instruction (:class:`host.compiler.InstrPlan` ``n_ops``, else its ``ops``)."""
+    n = getattr(ins, "n_ops", None)
+    return len(ins.ops) if n is None else n
 
 
-# ------------------------------------------------------------------------------------------- shapes
-@dataclass(frozen=True)
-class InstrShape:
-    """The shape of one instruction: every field the cycle model reads, without weights or constants.
-
-    Attributes match :class:`host.image.Instruction`; ``n_consts`` replaces the ``consts`` list,
-    ``stores`` and ``reduces`` replace the micro-ops (the buffers and reduction registers the epilogue
-    writes), with their number ``n_ops`` (the folded epilogue's passes): all the schedule needs to know
-    about them.
-    """
-
-    opcode: Opcode
-    name: str = ""
-    flags: InstrFlags = InstrFlags(0)
-    layer: int = 0
-    n: int = 0
-    k: int = 0
-    n_consts: int = 0
-    src: Buffer = Buffer.X
-    amax_reg: int = 0
-    ssq_reg: int = 0
-    stores: frozenset[Buffer] = frozenset()
-    reduces: frozenset[int] = frozenset()
-    n_ops: int = 0
-
-    @property
-    def consts(self) -> tuple[None, ...]:
-        """Placeholders for the constant vectors: without weights only their number is known (enough
-        for :func:`host.image.const_section_bytes` and the cycle model)."""
-        return (None,) * self.n_consts
-
-
+# ------------------------------------------------------------------------------------------- bytes
 def _n_consts(ins) -> int:
     n = getattr(ins, "n_consts", None)
     return len(ins.consts) if n is None else n
 
 
-def _writes(ins) -> tuple[frozenset[Buffer], frozenset[int]]:
+def _writes(ins) -> tuple[frozenset[isa.Buffer], frozenset[int]]:
     """Buffers and reduction registers an instruction's epilogue writes."""
-    if isinstance(ins, InstrShape):
+    if hasattr(ins, "stores"):     # a host.compiler.InstrPlan
         return ins.stores, ins.reduces
     stores = frozenset(op.buf for op in ins.ops if op.op is MicroOpcode.ST)
     regs = frozenset(op.reg for op in ins.ops if op.op in (MicroOpcode.SSQ, MicroOpcode.AMAX))
@@ -357,118 +224,6 @@ def token_packet_bytes(hidden: int) -> int:
     """Bytes of a token packet: 16-byte header, ``hidden`` words, CRC word, padded to 64-byte sections."""
     n = isa.layout_bytes(isa.TokenHeader) + 4 * hidden + 4
     return n + isa.section_pad(n)
-
-
-@dataclass(frozen=True)
-class ProgramShape:
-    """A whole model program as shapes: what :func:`host.compiler.compile_model` would emit for a model of
-    this shape, without weights. It also serves as the ``info`` argument of the cycle model (it has
-    ``packing`` and ``channels``).
-
-    Attributes
-    ----------
-    hidden, intermediate, n_layers, vocab : int
-    packing : TritPacking
-    channels : int
-    instructions : tuple of InstrShape
-    """
-
-    hidden: int
-    intermediate: int
-    n_layers: int
-    vocab: int
-    packing: TritPacking
-    channels: int
-    instructions: tuple[InstrShape, ...] = field(repr=False)
-
-    @property
-    def image_bytes(self) -> int:
-        """Exactly ``len(compile_model(...))`` for a model of this shape, packing and channel count."""
-        return IMAGE_HEADER_BYTES + sum(instruction_bytes(i, self.packing, self.channels) for i in self.instructions)
-
-    @property
-    def trits(self) -> int:
-        return sum(i.n * i.k for i in self.instructions if i.opcode is Opcode.GEMV)
-
-    @property
-    def weight_bytes(self) -> int:
-        from host.image import channel_block_bytes
-
-        return sum(sum(channel_block_bytes(i.n, i.k, self.channels, self.packing))
-                   for i in self.instructions if i.opcode is Opcode.GEMV)
-
-    def layer_slice(self, layer: int) -> slice:
-        """Indices of layer ``layer``'s seven GEMVs in :attr:`instructions`."""
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer {layer} of a {self.n_layers}-layer program")
-        return slice(1 + 7 * layer, 1 + 7 * (layer + 1))
-
-
-def program_shapes(hidden: int, intermediate: int, n_layers: int, vocab: int, *,
-                   packing: TritPacking = TritPacking.BASE3, channels: int = 1,
-                   output_gate: str = "released") -> ProgramShape:
-    """The instruction shapes of a model program, as :func:`host.compiler.compile_program` emits them.
-
-    ``LOAD_TOKEN`` (the first layer's reductions: SSQ + three AMAX constants), then per layer the GEMVs
-    i, f, g, o (H x H), gate_proj as two halves (I x H, the second with ``REUSE_CODES``) and down_proj
-    (H x I), then the LM head (V x H, ``LOGITS``) and ``END_TOKEN``; flags, constant-vector counts, source
-    buffers, reduction registers and written buffers are the compiler's. Nothing of size ``H x H`` is
-    allocated: the 2.7B program is a few hundred small objects.
-
-    Parameters
-    ----------
-    hidden, intermediate, n_layers, vocab : int
-        Model shape (``HGRNBitConfig`` fields ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
-        ``vocab_size``).
-    packing : TritPacking
-    channels : int
-        Weight channels (1-16).
-    output_gate : {"released", "paper"}
-        g_proj carries three constant vectors with the released output gate (``gamma_g``, ``sqrt(eps)`` for the
-        gate norm's statistic, ``gamma_o``), one with the paper's.
-
-    Raises
-    ------
-    ValueError
-        On a non-positive dimension, a shape beyond :mod:`hw.isa`'s limits, or a bad option.
-    """
-    for name, v, lim in (("hidden", hidden, isa.MAX_HIDDEN), ("intermediate", intermediate, isa.MAX_INTERMEDIATE),
-                         ("n_layers", n_layers, isa.MAX_LAYERS), ("vocab", vocab, isa.MAX_VOCAB)):
-        if not isinstance(v, int) or not 1 <= v <= lim:
-            raise ValueError(f"{name} must be an integer in 1..{lim}, got {v!r}")
-    if not 1 <= channels <= 16:
-        raise ValueError(f"channels must be in 1..16, got {channels}")
-    if output_gate not in ("released", "paper"):
-        raise ValueError(f"output_gate must be 'released' or 'paper', got {output_gate!r}")
-    H, inter, V = hidden, intermediate, vocab
-    G, Q, R, L = Opcode.GEMV, InstrFlags.QCONST, InstrFlags.REUSE_CODES, InstrFlags.LOGITS
-    X, A, P, SN = Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW
-    fs = frozenset
-
-    def next_consumers(idx: int) -> int:
-        return 3 if idx < n_layers else 1
-
-    c0 = next_consumers(0)
-    prog = [InstrShape(Opcode.LOAD_TOKEN, "load_token", n=H, n_consts=1 + c0, stores=fs({X}),
-                       reduces=fs(range(1 + c0)), n_ops=2 + c0)]
-    for li in range(n_layers):
-        pre = f"layers.{li}"
-        cn = next_consumers(li + 1)
-        prog += [
-            InstrShape(G, f"{pre}.attn.i_proj", Q, li, H, H, 0, X, 1, 0, fs({A}), fs(), n_ops=2),
-            InstrShape(G, f"{pre}.attn.f_proj", Q, li, H, H, 1, X, 2, 0, fs({SN}), fs(), n_ops=7),
-            InstrShape(G, f"{pre}.attn.g_proj", Q, li, H, H, 3 if output_gate == "released" else 1, X, 3, 0,
-                       fs({P}), fs({4, 5}), n_ops=8 if output_gate == "released" else 5),
-            InstrShape(G, f"{pre}.attn.o_proj", Q, li, H, H, 2, P, 5, 4, fs({X}), fs({6, 7}), n_ops=4),
-            InstrShape(G, f"{pre}.mlp.gate_proj[:I]", Q, li, inter, H, 0, X, 7, 6, fs({A}), fs(), n_ops=2),
-            InstrShape(G, f"{pre}.mlp.gate_proj[I:]", R, li, inter, H, 1, X, 7, 6, fs({P}), fs({4, 5}), n_ops=4),
-            InstrShape(G, f"{pre}.mlp.down_proj", Q, li, H, inter, 1 + cn, P, 5, 4, fs({X}), fs(range(1 + cn)),
-                       n_ops=3 + cn),
-        ]
-    prog += [InstrShape(G, "lm_head", Q | L, 0, V, H, 0, X, 1, 0, fs(), fs(), n_ops=2),
-             InstrShape(Opcode.END_TOKEN, "end_token")]
-    return ProgramShape(hidden=H, intermediate=inter, n_layers=n_layers, vocab=V, packing=TritPacking(packing),
-                        channels=channels, instructions=tuple(prog))
 
 
 # ------------------------------------------------------------------------------------------- schedule
@@ -604,8 +359,8 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
             compute = channel_rows(ins.n, info.channels, ch) * per_row + ext
             if build.overlap_headers:
                 # the stream may run ahead of the lanes by the FIFO, never further
-                behind = math.ceil(compute * max(0, beats - build.fifo_beats) / beats) if beats else 0
-                s_end = max(max(head_done_ch[ch], start - build.fifo_beats) + beats, start + behind)
+                behind = math.ceil(compute * max(0, beats - build.weight_fifo_beats) / beats) if beats else 0
+                s_end = max(max(head_done_ch[ch], start - build.weight_fifo_beats) + beats, start + behind)
                 lanes_end = max(start + compute, s_end)
             else:
                 # hw/gearbox.py: the first chunk comes GEARBOX_CMD_LATENCY cycles after the command (sent as
@@ -617,13 +372,13 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 lanes_end = max(start + GEARBOX_CMD_LATENCY + compute, start + data_beats + GEARBOX_STREAM_LATENCY)
                 if ch == 0:
                     # channel 0's block goes into the weight FIFO from the cycle after the dispatch, a beat per
-                    # cycle, at most fifo_beats ahead of gearbox 0 (which reads from the cycle after the rows
+                    # cycle, at most weight_fifo_beats ahead of gearbox 0 (which reads from the cycle after the rows
                     # start, at the lanes' pace); the next instruction's header follows the block's last beat
                     w_end = fetch + beats - 1
-                    if beats > build.fifo_beats:
+                    if beats > build.weight_fifo_beats:
                         pace = max(1.0, compute / beats)
                         w_end = max(w_end, start + WEIGHT_FIFO_LATENCY
-                                    + math.ceil((beats - 1 - build.fifo_beats) * pace))
+                                    + math.ceil((beats - 1 - build.weight_fifo_beats) * pace))
                     fetch = w_end + 1
             stall = max(stall, lanes_end - start - compute)
             new_ch[ch] = s_end
@@ -684,10 +439,10 @@ def schedule(instructions: Sequence, info, build: BuildParams) -> list[Step]:
 
     Parameters
     ----------
-    instructions : sequence of host.image.Instruction or InstrShape
-        A parsed image's instructions (:attr:`host.image.ParsedImage.instructions`) or
-        :attr:`ProgramShape.instructions`.
-    info : host.image.ImageInfo or ProgramShape
+    instructions : sequence of host.image.Instruction or host.compiler.InstrPlan
+        A parsed image's instructions (:attr:`host.image.ParsedImage.instructions`), a compiled program, or
+        a plan's (:attr:`host.compiler.ProgramPlan.instructions`).
+    info : host.image.ImageInfo or host.compiler.ProgramPlan
         Supplies ``packing`` and ``channels``.
     build : BuildParams
         Must have ``build.channels == info.channels``.
@@ -713,12 +468,13 @@ def stream_efficiency(image_bytes: int, trits: int, cycles: int, build: BuildPar
     return max(image_bytes / (build.channels * build.beat_bytes), trits / build.lanes) / cycles
 
 
-def token_prediction(program: ProgramShape, build: BuildParams) -> dict:
-    """Predicted cycles, stream efficiency and their breakdown for one token of a shape program.
+def token_prediction(program, build: BuildParams) -> dict:
+    """Predicted cycles, stream efficiency and their breakdown for one token of a program plan.
 
     Parameters
     ----------
-    program : ProgramShape
+    program : host.compiler.ProgramPlan
+        :func:`host.compiler.plan_model` or :func:`host.compiler.plan_shape`.
     build : BuildParams
 
     Returns

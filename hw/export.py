@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hw.params import BuildParams
+
 __all__ = ["DEFAULT_TOP", "BUILD_ROOT", "HW_DIR", "normalize_params", "source_digest", "export_key",
            "export_verilog"]
 
@@ -27,32 +29,19 @@ HW_DIR = Path(__file__).resolve().parent
 BUILD_ROOT = HW_DIR.parent / "build"
 DEFAULT_TOP = "mmfree_core"
 
-_PARAMS = ("lanes", "channels", "bus_bits", "quant_lanes", "packing", "max_hidden", "max_intermediate",
-           "max_layers", "lut_segments_log2", "epilogue_folded")
-
-
-def normalize_params(params: Mapping[str, Any]) -> dict[str, int]:
-    """The parameters of :class:`hw.top.Accelerator` as plain ints (``packing`` by value), in a fixed order.
+def normalize_params(params: BuildParams | Mapping[str, Any]) -> dict[str, int | bool]:
+    """The gateware parameters of a build as plain values, in a fixed order
+    (:meth:`hw.params.BuildParams.gateware`); ``params`` is a :class:`~hw.params.BuildParams` or its keyword
+    parameters (missing ones take its defaults).
 
     Raises
     ------
     TypeError
-        On a parameter the Accelerator does not take.
+        On a name that is not a build parameter.
+    ValueError
+        On a value :class:`~hw.params.BuildParams` refuses.
     """
-    from hw.isa import TritPacking
-
-    unknown = sorted(set(params) - set(_PARAMS))
-    if unknown:
-        raise TypeError(f"unknown Accelerator parameter(s) {unknown}; known: {list(_PARAMS)}")
-    out = {}
-    for name in _PARAMS:
-        if name not in params:
-            continue
-        v = params[name]
-        if name == "packing":
-            v = (TritPacking[v.upper()] if isinstance(v, str) else TritPacking(v)).value
-        out[name] = int(v)
-    return out
+    return BuildParams.from_mapping(params).gateware()
 
 
 def source_digest(hw_dir: Path | None = None) -> str:
@@ -68,22 +57,24 @@ def source_digest(hw_dir: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def export_key(params: Mapping[str, Any], top: str = DEFAULT_TOP) -> str:
-    """Cache key of a build: 16 hex digits of the sources' digest, the parameters and the top name."""
+def export_key(params: BuildParams | Mapping[str, Any], top: str = DEFAULT_TOP) -> str:
+    """Cache key of a build: 16 hex digits of the sources' digest, the gateware parameters
+    (:func:`normalize_params`: the clock and the cycle model's schedule options do not change the Verilog) and
+    the top name."""
     blob = json.dumps({"src": source_digest(), "params": normalize_params(params), "top": top}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def export_verilog(params: Mapping[str, Any], *, top: str = DEFAULT_TOP, out_dir: Path | None = None,
+def export_verilog(params: BuildParams | Mapping[str, Any], *, top: str = DEFAULT_TOP, out_dir: Path | None = None,
                    force: bool = False) -> Path:
-    """Verilog of ``hw.top.Accelerator(**params)``, converted once and cached.
+    """Verilog of ``hw.top.Accelerator(build)``, converted once and cached.
 
     Parameters
     ----------
-    params : mapping
-        Keyword parameters of :class:`hw.top.Accelerator` (``lanes``, ``channels``, ``bus_bits``,
-        ``quant_lanes``, ``packing`` as a :class:`hw.isa.TritPacking`, its value or name, ``max_hidden``,
-        ``max_intermediate``, ``max_layers``, ``lut_segments_log2``); missing ones take the defaults.
+    params : BuildParams or mapping
+        The build (:class:`hw.params.BuildParams`), or its keyword parameters (``packing`` as a
+        :class:`hw.isa.TritPacking`, its value or name); missing ones take the defaults. Only the gateware
+        parameters matter (two builds that differ in ``fmax_mhz`` or a schedule option share a file).
     top : str
         Verilog module name of the core.
     out_dir : Path, optional
@@ -99,12 +90,13 @@ def export_verilog(params: Mapping[str, Any], *, top: str = DEFAULT_TOP, out_dir
     Raises
     ------
     TypeError, ValueError
-        Bad parameters (from :func:`normalize_params` or the Accelerator's own checks).
+        Bad parameters (from :class:`~hw.params.BuildParams` or its gateware limits).
     RuntimeError
         From Amaranth when no Yosys >= 0.40 is found (install ``amaranth[builtin-yosys]``).
     """
-    p = normalize_params(params)
-    key = export_key(p, top)
+    build = BuildParams.from_mapping(params)
+    p = build.gateware()
+    key = export_key(build, top)
     root = Path(out_dir) if out_dir is not None else BUILD_ROOT / "verilog"
     d = root / key
     vfile = d / f"{top}.v"
@@ -112,16 +104,10 @@ def export_verilog(params: Mapping[str, Any], *, top: str = DEFAULT_TOP, out_dir
         return vfile
     from amaranth.back import verilog
 
-    from hw.isa import TritPacking
     from hw.top import Accelerator
 
-    kw = dict(p)
-    if "packing" in kw:
-        kw["packing"] = TritPacking(kw["packing"])
-    if "epilogue_folded" in kw:
-        kw["epilogue_folded"] = bool(kw["epilogue_folded"])
     t0 = time.perf_counter()
-    core = Accelerator(**kw)
+    core = Accelerator(build)
     text = verilog.convert(core, name=top)
     seconds = time.perf_counter() - t0
     d.mkdir(parents=True, exist_ok=True)

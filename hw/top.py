@@ -29,6 +29,7 @@ from hw.epilogue import Epilogue
 from hw.gearbox import TritGearbox, decode_beat, decoded_beat_bits
 from hw.gemv import TernaryGemv
 from hw.isa import Buffer, Counter, ErrorCause, InstrHeader, MicroOp, MicroOpcode, Opcode, TritPacking
+from hw.params import BuildParams
 from hw.quant import Quantizer
 from hw.regs import AXI4LiteSignature, RegisterBlock
 from hw.scalar import ScalarUnit, SsqBias
@@ -38,8 +39,8 @@ from hw.vbuf import VectorBuffer
 __all__ = ["AXIStreamSignature", "Accelerator"]
 
 INT32 = signed(32)
-#: default depth of channel 0's weight FIFO in beats (host.perf.BuildParams.fifo_beats models it)
-WEIGHT_FIFO_BEATS = 1024
+#: default depth of channel 0's weight FIFO in beats (hw.params.BuildParams.weight_fifo_beats)
+WEIGHT_FIFO_BEATS = BuildParams.weight_fifo_beats
 
 
 class AXIStreamSignature(wiring.Signature):
@@ -62,35 +63,19 @@ class Accelerator(wiring.Component):
 
     Parameters
     ----------
-    lanes : int
-        Trits per cycle, all channels together (a multiple of ``channels``; per channel 4-256).
-    channels : int
-        Weight channels (AXI4-Stream inputs ``s_axis_w0``..), 1-4.
-    bus_bits : int
-        ``tdata`` width of each weight channel: 64, 128, 256 or 512.
-    quant_lanes : int
-        Codes per cycle of the quantize prologue (power of two, <= lanes per channel).
-    packing : TritPacking
-        The packing this build decodes (the image header must match).
-    max_hidden, max_intermediate, max_layers : int
-        Buffer capacities (``ID_MAX_*``).
-    lut_segments_log2 : int
-        Sigmoid LUT size (images must match).
-    weight_fifo_beats : int
-        Depth (beats) of channel 0's weight FIFO (>= 16): how far channel 0 may run ahead of its lanes, so
-        that the next instruction's header and constants stream while the current GEMV still computes.
-    epilogue_folded : bool
-        The epilogue's folded form (:class:`hw.epilogue.Epilogue` ``folded``): one micro-op stage that each
-        element passes once per micro-op, taking an element every ``max(n_ops, 1)`` cycles on average instead
-        of every cycle, with an eighth of the pipelined form's micro-op stages (the ECP5 builds,
-        ``hw.boards.ecp5.DEFAULT_PARAMS``). Results are bit-identical; the ID block's ``ID_EPILOGUE`` says
-        which form a build has.
-    token_tlast, image_tlast : bool
-        The token packet's last beat, the image's last beat carry ``tlast`` (default: both, as the Verilated
-        harness, the cocotb benches and the ECP5 link send them). With ``token_tlast`` the packet's size is
-        checked by ``tlast`` (``TOKEN_LENGTH``), else by its ``length`` field alone; with ``image_tlast``
-        END_TOKEN's header must carry it (``BAD_SHAPE``: bytes after the program). The Xilinx shells clear them
-        where their data movers do not mark those ends (``hw/boards/xilinx_shell.py``; docs/ISA.md section 5).
+    build : hw.params.BuildParams, optional
+        The build (default ``BuildParams()``): its gateware parameters (:data:`hw.params.GATEWARE_FIELDS`:
+        lanes, channels, bus width, quantize lanes, packing, buffer capacities, sigmoid LUT size, channel 0's
+        weight FIFO depth, the folded epilogue, ``token_tlast``/``image_tlast`` framing) and their limits
+        (:meth:`hw.params.BuildParams.check_gateware`) are documented there. ``epilogue_folded``: one
+        micro-op stage that each element passes once per micro-op (:class:`hw.epilogue.Epilogue` ``folded``,
+        the ECP5 builds), bit-identical results, ``ID_EPILOGUE`` says which form a build has. With
+        ``token_tlast`` the token packet's size is checked by ``tlast`` (``TOKEN_LENGTH``), else by its
+        ``length`` field alone; with ``image_tlast`` END_TOKEN's header must carry it (``BAD_SHAPE``: bytes
+        after the program); docs/ISA.md section 5.
+    **kw
+        Instead of ``build``: its fields as keywords (``Accelerator(lanes=32, quant_lanes=4)`` is
+        ``Accelerator(BuildParams(lanes=32, quant_lanes=4))``).
 
     Attributes
     ----------
@@ -101,43 +86,26 @@ class Accelerator(wiring.Component):
         Token done or error (level, until the next token starts or ``CTRL.clear``).
     """
 
-    def __init__(self, *, lanes: int = 16, channels: int = 1, bus_bits: int = 64, quant_lanes: int = 4,
-                 packing: TritPacking = TritPacking.BASE3, max_hidden: int = 512, max_intermediate: int = 1024,
-                 max_layers: int = 8, lut_segments_log2: int = nx.LUT_SEGMENTS_LOG2,
-                 weight_fifo_beats: int = WEIGHT_FIFO_BEATS, epilogue_folded: bool = False,
-                 token_tlast: bool = True, image_tlast: bool = True):
-        for name, v in (("epilogue_folded", epilogue_folded), ("token_tlast", token_tlast),
-                        ("image_tlast", image_tlast)):
-            if not isinstance(v, bool):
-                raise TypeError(f"{name} must be a bool, got {v!r}")
-        self.token_tlast, self.image_tlast = token_tlast, image_tlast
-        for name, v in (("lanes", lanes), ("channels", channels), ("bus_bits", bus_bits),
-                        ("quant_lanes", quant_lanes), ("max_hidden", max_hidden),
-                        ("max_intermediate", max_intermediate), ("max_layers", max_layers),
-                        ("weight_fifo_beats", weight_fifo_beats)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise TypeError(f"{name} must be a positive integer, got {v!r}")
-        if not 1 <= channels <= 4:
-            raise ValueError(f"channels must be 1-4, got {channels}")
-        if lanes % channels or not 4 <= lanes // channels <= 256:
-            raise ValueError(f"lanes ({lanes}) must be a multiple of channels ({channels}) with 4-256 per channel")
-        if bus_bits not in (64, 128, 256, 512):
-            raise ValueError(f"bus_bits must be 64, 128, 256 or 512, got {bus_bits}")
-        if quant_lanes & (quant_lanes - 1) or quant_lanes > lanes // channels:
-            raise ValueError(f"quant_lanes ({quant_lanes}) must be a power of two <= lanes per channel")
-        if (lanes // channels) % quant_lanes:
-            raise ValueError(f"quant_lanes ({quant_lanes}) must divide lanes per channel ({lanes // channels})")
-        if weight_fifo_beats < 16:
-            raise ValueError(f"weight_fifo_beats must be >= 16, got {weight_fifo_beats}")
-        if max_hidden > isa.MAX_HIDDEN or max_intermediate > isa.MAX_INTERMEDIATE or max_layers > isa.MAX_LAYERS:
-            raise ValueError("buffer capacities exceed the ISA limits")
-        self.packing = TritPacking(packing)
-        self.lanes, self.channels, self.bus_bits, self.quant_lanes = lanes, channels, bus_bits, quant_lanes
-        self.max_hidden, self.max_intermediate, self.max_layers = max_hidden, max_intermediate, max_layers
-        self.lut_segments_log2 = lut_segments_log2
-        self.weight_fifo_beats = weight_fifo_beats
-        self.epilogue_folded = epilogue_folded
-        self.max_k = max(max_hidden, max_intermediate)
+    def __init__(self, build: BuildParams | None = None, **kw):
+        if build is not None and kw:
+            raise TypeError("pass a BuildParams or keyword parameters, not both")
+        if build is None:
+            build = BuildParams.from_mapping(kw)
+        elif not isinstance(build, BuildParams):
+            raise TypeError(f"build must be a hw.params.BuildParams, got {build!r}")
+        build.check_gateware()
+        self.build = build
+        # the parameters elaborate() reads, as attributes
+        self.lanes, self.channels, self.bus_bits = build.lanes, build.channels, build.bus_bits
+        self.quant_lanes, self.packing = build.quant_lanes, build.packing
+        self.max_hidden, self.max_intermediate, self.max_layers = \
+            build.max_hidden, build.max_intermediate, build.max_layers
+        self.lut_segments_log2 = build.lut_segments_log2
+        self.weight_fifo_beats = build.weight_fifo_beats
+        self.epilogue_folded = build.epilogue_folded
+        self.token_tlast, self.image_tlast = build.token_tlast, build.image_tlast
+        self.max_k = max(build.max_hidden, build.max_intermediate)
+        bus_bits, channels = build.bus_bits, build.channels
         members = {f"s_axis_w{c}": Out(AXIStreamSignature(bus_bits)) for c in range(channels)}
         members["m_axis_out"] = In(AXIStreamSignature(32))
         members["s_axil"] = Out(AXI4LiteSignature(addr_width=8))
@@ -145,10 +113,8 @@ class Accelerator(wiring.Component):
         super().__init__(members)
 
     def id_values(self) -> dict:
-        return isa.id_block_values(lanes=self.lanes, channels=self.channels, bus_bits=self.bus_bits,
-                                   packings=[self.packing], quant_lanes=self.quant_lanes, max_hidden=self.max_hidden,
-                                   max_intermediate=self.max_intermediate, max_layers=self.max_layers,
-                                   max_vocab=isa.MAX_VOCAB, epilogue_folded=self.epilogue_folded)
+        """The ID block's values: :meth:`hw.params.BuildParams.id_values`."""
+        return self.build.id_values()
 
     # ------------------------------------------------------------------------------------------------
     def elaborate(self, platform):  # noqa: C901 - one sequencer, read top to bottom

@@ -52,10 +52,10 @@ from host.devices.golden import GoldenMachine
 from host.image import ImageError, parse_image
 from host.model import HGRNBitConfig, ModelWeights, random_weights
 from host.protocol import channel_streams, make_token_packet
-from host.perf import BuildParams
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Counter, ErrorCause, InstrFlags, Opcode, TritPacking
+from hw.params import BuildParams
 from tests.hw.stimulus import biased_image, low_energy, tie_token
 
 pytestmark = pytest.mark.sim
@@ -73,34 +73,9 @@ EXACT_COUNTERS = (Counter.TRITS, Counter.NONZERO_TRITS, Counter.EPILOGUE_ELEMENT
 
 
 # ------------------------------------------------------------------------------------------- builds
-@dataclasses.dataclass(frozen=True)
-class Build:
-    """Parameters of one :class:`hw.top.Accelerator` build under test."""
-
-    lanes: int = 16
-    channels: int = 1
-    bus_bits: int = 64
-    quant_lanes: int = 4
-    packing: TritPacking = TritPacking.BASE3
-    max_hidden: int = 512
-    max_intermediate: int = 1024
-    max_layers: int = 8
-    epilogue_folded: bool = False
-
-    @property
-    def tag(self) -> str:
-        return (f"l{self.lanes}c{self.channels}b{self.bus_bits}-{self.packing.name.lower()}"
-                + ("-folded" if self.epilogue_folded else ""))
-
-    def kwargs(self) -> dict:
-        return dataclasses.asdict(self) | {"packing": self.packing}
-
-    def json(self) -> dict:
-        return dataclasses.asdict(self) | {"packing": self.packing.value}
-
-    def perf(self) -> BuildParams:
-        return BuildParams(lanes=self.lanes, channels=self.channels, bus_bits=self.bus_bits,
-                           quant_lanes=self.quant_lanes, epilogue_folded=self.epilogue_folded)
+#: A build under test is a :class:`hw.params.BuildParams` (the one build type: the core is built from it, the
+#: manifest carries its gateware parameters, the golden machine predicts its counters)
+Build = BuildParams
 
 
 # The shipped model (hidden 324, intermediate 868, 6 layers) fits every build below.
@@ -121,7 +96,7 @@ def build_key(build: Build) -> str:
     h.update(f"amaranth {amaranth.__version__}\n".encode())
     for p in sorted(HW_DIR.glob("*.py")):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(json.dumps(build.json(), sort_keys=True).encode())
+    h.update(json.dumps(build.gateware(), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -232,7 +207,7 @@ def get_sim(build: Build) -> BuiltSim:
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         meta_path = root / "build.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"params": build.json()}
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"params": build.gateware()}
         vfile = root / f"{TOP}.v"
         if not vfile.is_file():
             from amaranth.back import verilog
@@ -240,7 +215,7 @@ def get_sim(build: Build) -> BuiltSim:
             from hw.top import Accelerator
 
             t0, p0 = time.perf_counter(), time.process_time()
-            text = verilog.convert(Accelerator(**build.kwargs()), name=TOP)
+            text = verilog.convert(Accelerator(build), name=TOP)
             tmp = vfile.with_suffix(f".v.{os.getpid()}")
             tmp.write_text(text)
             tmp.replace(vfile)
@@ -282,7 +257,7 @@ class Run:
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
         self._files: dict[bytes, str] = {}
-        self.manifest: dict = {"build": built.build.json(), "stress": stress, "seed": seed, "images": [],
+        self.manifest: dict = {"build": built.build.gateware(), "stress": stress, "seed": seed, "images": [],
                                "steps": []}
 
     def file(self, data: bytes, stem: str) -> str:
@@ -402,7 +377,7 @@ def add_tokens(run: Run, model: Model, tokens: Sequence[int | np.ndarray], build
                start_pos: int = 0, label: str = "") -> np.ndarray:
     """Steps for consecutive tokens of ``model`` from ``state`` (zero: after reset); returns the new state. A
     token is an id, or a vector already in the residual format."""
-    gold = GoldenMachine(model.image, build.perf())
+    gold = GoldenMachine(model.image, build)
     state = gold.init_state() if state is None else state
     idx = run.image(model.image)
     for j, t in enumerate(tokens):
@@ -534,7 +509,7 @@ def test_checker_catches_a_wrong_output():
     """The scoreboard is not vacuous: one logit off by one in the expected packet fails the run."""
     build = B16[TritPacking.BASE3]
     model = tiny_model(7, 11, 1, 13, packing=build.packing, seed=10)
-    gold = GoldenMachine(model.image, build.perf())
+    gold = GoldenMachine(model.image, build)
     pk = model.packet(3, 0)
     res = gold.run_token(pk, gold.init_state())
     wrong = bytearray(res.output)
@@ -550,7 +525,7 @@ def test_checker_catches_a_wrong_output():
 def _golden_cause(image: bytes, packet: bytes, state: np.ndarray, build: Build) -> tuple[ErrorCause, int | None]:
     """The cause (and instruction) the golden device reports for these bytes."""
     try:
-        GoldenMachine(image, build.perf()).run_token(packet, state)
+        GoldenMachine(image, build).run_token(packet, state)
     except ImageError as e:
         return e.cause, e.instruction
     raise AssertionError("the golden device accepts the corrupted stream")
@@ -624,7 +599,7 @@ def _bad_run(build: Build, stress: bool, cases: Sequence[str], name: str = "bad"
     instead: B then runs from the zero state."""
     model = tiny_model(21, 38, 1, 67, packing=build.packing, seed=5)   # one layer: 9 instructions a token
     run = Run(get_sim(build), f"{name}-{'stress' if stress else 'smooth'}", stress)
-    gold = GoldenMachine(model.image, build.perf())
+    gold = GoldenMachine(model.image, build)
     good = run.image(model.image)
     bads = dict(bad_images(model.image, build.bus_bits // 8))
     pk_a, pk_bad, pk_b = model.packet(11, 0), model.packet(42, 1), model.packet(3, 1)

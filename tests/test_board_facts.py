@@ -40,7 +40,8 @@ def test_facts_are_complete_and_sourced(key):
     assert 0 < f.idle.pl_w < f.idle.total_w and f.idle.total_source and f.idle.pl_source
     needed = {"part", "dram_mb", "dram_gbs", "port_gbs", "ports", "design"} | ({"port_bits"} if f.port_bits else set())
     assert needed <= {k for k, v in f.sources.items() if v}, key
-    perf.BuildParams(**d.build_params())    # a valid build
+    assert isinstance(d, perf.BuildParams)    # the one build type (hw.params)
+    assert perf.BuildParams(**d.device_kwargs()) == d
 
 
 @pytest.mark.parametrize("key", list(BOARDS))
@@ -61,13 +62,12 @@ def test_xilinx_flow_builds_the_design_point(key):
     assert (b.title, b.part, b.fclk_mhz, b.hp_bits, b.hp_ports) == (f.title, f.part, d.fmax_mhz, f.port_bits,
                                                                   d.channels)
     core = xilinx.core_params(key)
-    assert (core["lanes"], core["channels"], core["bus_bits"], core["quant_lanes"]) == (
-        d.lanes, d.channels, d.bus_bits, d.quant_lanes)
+    assert core.triple == d.triple and core.quant_lanes == d.quant_lanes and core.fmax_mhz == d.fmax_mhz
     # the committed generated files are this build (regenerate with python -m hw.boards.xilinx generate <board>)
     params = json.loads((REPO / "bitstreams" / key / "params.json").read_text())
     assert params["fclk_mhz"] == d.fmax_mhz and params["part"] == f.part and params["title"] == f.title
     assert {k: params["core"][k] for k in ("lanes", "channels", "bus_bits", "quant_lanes")} == {
-        k: core[k] for k in ("lanes", "channels", "bus_bits", "quant_lanes")}
+        k: getattr(core, k) for k in ("lanes", "channels", "bus_bits", "quant_lanes")}
 
 
 @pytest.mark.parametrize("key", list(ecp5.BOARDS))
@@ -97,7 +97,7 @@ def test_bench_and_power_model_the_design_point(key, tmp_path, capsys):
     assert cli.main(["bench", "--device", "golden", "--tokens", "2", "--board", key, "--json", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert rep["fmax_mhz"] == d.fmax_mhz
-    assert {k: rep["build"][k] for k in d.build_params()} == d.build_params()
+    assert {k: rep["build"][k] for k in d.device_kwargs()} == d.device_kwargs()
     assert cli.main(["power", "--device", "golden", "--board", key, "--tokens", "2", "--prompt", "def",
                      "--no-plot", "--out", str(tmp_path / "power")]) == 0
     capsys.readouterr()

@@ -93,7 +93,8 @@ def test_ecp5_builds_fold_the_epilogue():
     top = ecp5.Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=50e6, baud=2_000_000)
     from hw.top import Accelerator
 
-    core = Accelerator(**top.core_params)
+    core = Accelerator(top.build)
+    assert top.build == ecp5.DEFAULT_BUILD
     assert core.epilogue_folded and core.id_values()[isa.REGISTER_MAP.ID_EPILOGUE] == 1
 
 

@@ -1,8 +1,9 @@
 # amaranth: UnusedElaboratable=no
-"""host.perf: the cycle model, shape-only programs (no weights), schedule options and the roofline.
+"""host.perf: the cycle model on the compiler's plans (no weights), schedule options and the roofline.
 
-The shape-only program must describe exactly what the compiler emits: same image size, same instruction
-fields, same predicted counters as the parsed image, for both packings and several channel counts.
+The plan (host.compiler.plan_model) must describe exactly what the compiler emits for real weights: same image
+size, same instruction fields, same predicted counters as the parsed image, for both packings and several
+channel counts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from host.compiler import CompileOptions, calibrate, compile_model, compile_program
+from host.compiler import CompileOptions, InstrPlan, calibrate, compile_model, compile_program, plan_model, plan_shape
 from host.image import channel_rows, parse_image
 from host.model import HGRNBitConfig, random_weights
 from host.perf import (
@@ -28,12 +29,10 @@ from host.perf import (
     SCALAR_CYCLES,
     SCHEDULE_OPTIONS,
     BuildParams,
-    InstrShape,
     drain_cycles,
     epilogue_latency,
     epilogue_passes,
     instruction_bytes,
-    program_shapes,
     roofline,
     schedule,
     stream_efficiency,
@@ -64,7 +63,7 @@ def small():
 
 
 def _shape(cfg: HGRNBitConfig, **kw):
-    return program_shapes(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size, **kw)
+    return plan_model(cfg, CompileOptions(**kw))
 
 
 def _builds_for(channels: int) -> list[BuildParams]:
@@ -72,7 +71,7 @@ def _builds_for(channels: int) -> list[BuildParams]:
     for b in BUILDS:
         lanes = b.lanes * channels
         out.append(dataclasses.replace(b, lanes=lanes, channels=channels))
-        out.append(BuildParams.overlapped(lanes=lanes, channels=channels, bus_bits=b.bus_bits, fifo_beats=16))
+        out.append(BuildParams.overlapped(lanes=lanes, channels=channels, bus_bits=b.bus_bits, weight_fifo_beats=16))
     return out
 
 
@@ -87,7 +86,8 @@ def test_shape_program_matches_the_compiled_image(small, packing, channels):
     assert len(prog.instructions) == len(parsed.instructions) == 1 + 7 * SMALL.num_hidden_layers + 2
     assert prog.trits == SMALL.n_trits
     for shape, real in zip(prog.instructions, parsed.instructions, strict=True):
-        assert instruction_bytes(shape, packing, channels) == instruction_bytes(real, packing, channels)
+        assert instruction_bytes(shape, packing, channels) == instruction_bytes(real, packing, channels) == \
+            shape.image_bytes
     for build in _builds_for(channels):
         per_s, tot_s = token_counters(prog.instructions, prog, build)
         per_r, tot_r = token_counters(parsed.instructions, parsed.info, build)
@@ -158,8 +158,8 @@ def _as_built_formula(prog, b: BuildParams) -> list[int]:
             # the block: packed trits and the CRC word in whole sections (host.image.channel_block_bytes)
             beats0 = math.ceil(64 * math.ceil((math.ceil(rows[0] * ins.k / per_byte) + 4) / 64) / b.beat_bytes)
             w_end = d + beats0                                # channel 0's block into the weight FIFO
-            if beats0 > b.fifo_beats:
-                w_end = max(w_end, start + 2 + math.ceil((beats0 - 1 - b.fifo_beats)
+            if beats0 > b.weight_fifo_beats:
+                w_end = max(w_end, start + 2 + math.ceil((beats0 - 1 - b.weight_fifo_beats)
                                                          * max(1.0, rows[0] * per_row / beats0)))
             fetch, qc_free = w_end + 1, start
         out.append(done - x)
@@ -172,7 +172,7 @@ def _as_built_formula(prog, b: BuildParams) -> list[int]:
 def test_default_schedule_is_the_documented_formula(lanes, channels, bus, packing):
     b = BuildParams(lanes=lanes, channels=channels, bus_bits=bus)
     assert b.serial
-    prog = program_shapes(*SHAPES["370M"], packing=packing, channels=channels)
+    prog = plan_shape(*SHAPES["370M"], packing=packing, channels=channels)
     per, tot = token_counters(prog.instructions, prog, b)
     assert [c[Counter.CYCLES] for c in per] == _as_built_formula(prog, b)
     assert tot[Counter.TRITS] == HGRNBitConfig(32000, 1024, 24, 2816).n_trits
@@ -182,11 +182,11 @@ def test_default_schedule_is_the_documented_formula(lanes, channels, bus, packin
 
 
 def test_steps_split_the_cycles_and_never_beat_the_ideal():
-    prog = program_shapes(*SHAPES["370M"], packing=TritPacking.BASE3, channels=4)
+    prog = plan_shape(*SHAPES["370M"], packing=TritPacking.BASE3, channels=4)
     for b in [BuildParams(lanes=256, channels=4, bus_bits=128)] + [
             BuildParams(lanes=256, channels=4, bus_bits=128, quant_lanes=ql, **{o: True})
             for o in SCHEDULE_OPTIONS for ql in (8, 64)] + [BuildParams.overlapped(lanes=256, channels=4,
-                                                                                    bus_bits=128, fifo_beats=0)]:
+                                                                                    bus_bits=128, weight_fifo_beats=0)]:
         steps = schedule(prog.instructions, prog, b)
         for s in steps:
             assert s.header + s.prologue + s.body + s.drain == s.counters[Counter.CYCLES] > 0
@@ -199,7 +199,7 @@ def test_steps_split_the_cycles_and_never_beat_the_ideal():
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_proposed_schedule_is_never_slower(shape):
     for lanes, ch, bus in [(64, 1, 64), (256, 2, 128), (256, 4, 128), (512, 4, 128)]:
-        prog = program_shapes(*SHAPES[shape], channels=ch)
+        prog = plan_shape(*SHAPES[shape], channels=ch)
         base = token_prediction(prog, BuildParams(lanes=lanes, channels=ch, bus_bits=bus))
         # stripe_consts alone is not: the as-built fetcher prefetches channel 0 only, so constants striped onto
         # the other channels would wait there in front of the weights (it needs a fetcher per channel)
@@ -214,20 +214,20 @@ def test_370m_layer_efficiency_default_and_proposed():
     """The RTL target is >= 0.95 for a 370M layer: the as-built schedule (headers and constants prefetched
     while the previous GEMV computes) reaches it at a matched 256-lane build, and the proposed one too.
     With a weight FIFO too shallow for down_proj's constants, part of them shows again."""
-    prog = program_shapes(*SHAPES["370M"], channels=4)
+    prog = plan_shape(*SHAPES["370M"], channels=4)
     built = token_prediction(prog, BuildParams(lanes=256, channels=4, bus_bits=128))
     assert built["layer"]["binding"] == "lanes"
     assert 0.95 <= built["layer"]["stream_efficiency"] < 0.97
     parts = built["layer"]["parts"]
     assert parts["prologue"] > parts["drain"] and parts["prologue"] > parts["header"]   # what remains
-    shallow = token_prediction(prog, BuildParams(lanes=256, channels=4, bus_bits=128, fifo_beats=256))
+    shallow = token_prediction(prog, BuildParams(lanes=256, channels=4, bus_bits=128, weight_fifo_beats=256))
     assert shallow["layer"]["parts"]["header"] > parts["header"] + 1000
     prop = token_prediction(prog, BuildParams.overlapped(lanes=256, channels=4, bus_bits=128, quant_lanes=64))
     assert prop["layer"]["stream_efficiency"] >= 0.95 and prop["stream_efficiency"] >= 0.95
 
 
 def test_channel_mismatch_is_refused():
-    prog = program_shapes(*SHAPES["370M"])
+    prog = plan_shape(*SHAPES["370M"])
     with pytest.raises(ValueError, match="channel"):
         token_counters(prog.instructions, prog, BuildParams(lanes=64, channels=2))
 
@@ -235,8 +235,8 @@ def test_channel_mismatch_is_refused():
 def test_design_md_figures():
     """docs/ARCHITECTURE.md section 4: 370M = 341 M trits, 68 MB at 1.6 bits, 85 MB at 2 bits; 256 lanes at 250 MHz
     bound it at ~188 tok/s; per-port rates of the boards table."""
-    p16 = program_shapes(*SHAPES["370M"], packing=TritPacking.BASE3)
-    p2 = program_shapes(*SHAPES["370M"], packing=TritPacking.BITS2)
+    p16 = plan_shape(*SHAPES["370M"], packing=TritPacking.BASE3)
+    p2 = plan_shape(*SHAPES["370M"], packing=TritPacking.BITS2)
     assert p16.trits == 341_049_344   # 24 x (4 H^2 + 3 H I) + V H
     assert p16.weight_bytes == pytest.approx(68e6, rel=0.01) and p2.weight_bytes == pytest.approx(85e6, rel=0.01)
     assert 1 - p16.image_bytes / p2.image_bytes >= 0.18
@@ -255,7 +255,7 @@ def test_design_md_figures():
 def test_billion_parameter_shapes_are_cheap():
     t0 = time.perf_counter()
     for name, (h, i, layers, v) in SHAPES.items():
-        prog = program_shapes(h, i, layers, v, channels=4)
+        prog = plan_shape(h, i, layers, v, channels=4)
         assert prog.trits == HGRNBitConfig(v, h, layers, i).n_trits, name
         token_prediction(prog, BuildParams.overlapped(lanes=512, channels=4, bus_bits=128))
     assert time.perf_counter() - t0 < 10
@@ -278,7 +278,7 @@ def test_folded_epilogue_model():
     assert drain_cycles(folded, 7) - drain_cycles(pipelined, 7) == 4 + 77 - EPILOGUE_LATENCY
     with pytest.raises(ValueError, match="epilogue_folded"):
         BuildParams(epilogue_folded=1)
-    prog = program_shapes(324, 868, 6, 4096)
+    prog = plan_shape(324, 868, 6, 4096)
     per_p, tot_p = token_counters(prog.instructions, prog, pipelined)
     per_f, tot_f = token_counters(prog.instructions, prog, folded)
     assert tot_p[Counter.EPILOGUE_ELEMENTS] == tot_f[Counter.EPILOGUE_ELEMENTS]
@@ -292,12 +292,12 @@ def test_folded_epilogue_model():
 def test_drain_and_shape_validation():
     assert drain_cycles(BuildParams(lanes=256, channels=4)) == GEMV_LATENCY + 6 + EPILOGUE_LATENCY + DONE_LATENCY
     with pytest.raises(ValueError, match="hidden"):
-        program_shapes(0, 10, 1, 10)
+        plan_shape(0, 10, 1, 10)
     with pytest.raises(ValueError, match="channels"):
-        program_shapes(8, 8, 1, 8, channels=17)
+        plan_shape(8, 8, 1, 8, channels=17)
     with pytest.raises(ValueError, match="output_gate"):
-        program_shapes(8, 8, 1, 8, output_gate="nope")
-    assert isinstance(program_shapes(8, 8, 1, 8).instructions[0], InstrShape)
+        plan_shape(8, 8, 1, 8, output_gate="nope")
+    assert isinstance(plan_shape(8, 8, 1, 8).instructions[0], InstrPlan)
 
 
 def test_latencies_match_the_rtl_components():
@@ -319,12 +319,13 @@ def test_latencies_match_the_rtl_components():
     assert scalar.SCALAR_LATENCY <= SCALAR_CYCLES
     assert quant.QUANT_LATENCY == QUANT_LATENCY
     top = pytest.importorskip("hw.top", reason="hw/top.py does not import")
-    assert BuildParams().fifo_beats == top.WEIGHT_FIFO_BEATS   # the default build's channel-0 weight FIFO
+    assert BuildParams().weight_fifo_beats == top.WEIGHT_FIFO_BEATS   # the default build's channel-0 weight FIFO
 
 
 @pytest.mark.parametrize("kw,match", [
     ({"lanes": 0}, "lanes"), ({"lanes": 6, "channels": 4}, "multiple"), ({"bus_bits": 48}, "bus_bits"),
-    ({"quant_lanes": 2.0}, "quant_lanes"), ({"fifo_beats": -1}, "fifo_beats"), ({"stripe_consts": 1}, "stripe"),
+    ({"quant_lanes": 2.0}, "quant_lanes"), ({"weight_fifo_beats": -1}, "weight_fifo_beats"),
+    ({"stripe_consts": 1}, "stripe"), ({"packing": "base5"}, "packing"), ({"token_tlast": 1}, "token_tlast"),
     ({"fmax_mhz": 0}, "fmax"),
 ])
 def test_build_params_validation(kw, match):

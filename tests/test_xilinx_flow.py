@@ -54,25 +54,25 @@ def test_vivado_flow_contents(board):
     tcl = xilinx.vivado_tcl(board)
     assert f"Vivado {b.vivado}" in tcl and b.vivado == "2022.1"
     assert f"set part {b.part}" in tcl and f"set board_part {b.board_part}" in tcl
-    assert tcl.count("xilinx.com:ip:axi_dma:7.1 dma") == p["channels"]
-    for c in range(p["channels"]):
+    assert tcl.count("xilinx.com:ip:axi_dma:7.1 dma") == p.channels
+    for c in range(p.channels):
         assert f"dma{c}/M_AXIS_MM2S] [get_bd_intf_pins core/s_axis_w{c}]" in tcl
         hp = f"S_AXI_HP{c % b.hp_ports}" + ("_FPD" if b.family == "zynqmp" else "")
         assert f"Master {{/dma{c}/M_AXI_MM2S}} Slave {{/ps/{hp}}}" in tcl
     assert "core/m_axis_out] [get_bd_intf_pins dma0/S_AXIS_S2MM]" in tcl
     assert "Slave {/core/s_axil}" in tcl and "core/irq" in tcl
     assert "mmfree.bit" in tcl and "mmfree.hwh" in tcl and "write_bitstream" in tcl
-    assert f"c_m_axis_mm2s_tdata_width {{{p['bus_bits']}}}" in tcl
+    assert f"c_m_axis_mm2s_tdata_width {{{p.bus_bits}}}" in tcl
     assert "if {$wns < 0}" in tcl           # timing must close
     top = xilinx.verilog_top(board)
-    assert "module mmfree_top (" in top and "s_axil_awaddr" in top and f"s_axis_w{p['channels'] - 1}_tdata" in top
+    assert "module mmfree_top (" in top and "s_axil_awaddr" in top and f"s_axis_w{p.channels - 1}_tdata" in top
     assert ".s_axis_w0__tlast(1'b0)" in top    # chunked DMA transfers: the DMAs' tlast is not passed on
 
 
 def test_vitis_flow_contents():
     p = xilinx.core_params("u55c")
     files = xilinx.vitis_files("u55c")
-    C = p["channels"]
+    C = p.channels
     link = files["link.cfg"]
     banks = [ln.split(":")[-1] for ln in link.splitlines() if ln.startswith("sp=mm2s_")]
     assert len(banks) == C and len(set(banks)) == C            # one HBM pseudo-channel per weight channel
@@ -80,7 +80,7 @@ def test_vitis_flow_contents():
     assert "stream_connect=core_0.m_axis_out:s2mm_0.in" in link
     assert 'hwControlProtocol="user_managed"' in files["kernel.xml"]
     assert "package_xo" in files["package_kernel.tcl"] and xilinx.U55C_PLATFORM in files["build.sh"]
-    assert f"ap_uint<{p['bus_bits']}>" in files["mmfree_mm2s.cpp"]
+    assert f"ap_uint<{p.bus_bits}>" in files["mmfree_mm2s.cpp"]
     top = xilinx.verilog_top("u55c")
     assert "module mmfree_kernel (" in top and "s_axi_control_araddr" in top and "ap_rst_n" in top
     assert "[8:0] s_axi_control_awaddr" in top     # 0x110-byte map: 9 address bits

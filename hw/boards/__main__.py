@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.board in ecp5.BOARDS:
         chosen = ecp5.CHOSEN.get(args.board, {})
-        lanes = args.lanes or [chosen.get("lanes", ecp5.DEFAULT_PARAMS["lanes"])]
+        lanes = args.lanes or [chosen.get("lanes", ecp5.DEFAULT_BUILD.lanes)]
         freqs = args.freq_mhz or [chosen.get("freq_mhz", 60.0)]
         args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
         args.baud = args.baud or chosen.get("baud", 3_000_000)

@@ -31,10 +31,11 @@ from amaranth.lib.wiring import connect
 
 from hw.boards.facts import BOARDS as FACTS
 from hw.boards.facts import BoardFacts
+from hw.params import BuildParams
 from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "LinkedCore", "pll_config", "build", "sweep", "publish",
-           "collect_sweep", "DEFAULT_PARAMS", "REPO_ROOT"]
+           "collect_sweep", "DEFAULT_PARAMS", "DEFAULT_BUILD", "REPO_ROOT"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,8 +43,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: (hidden 324, intermediate 868, 6 layers; max_layers a power of two, see host.devices.rtl), and the folded
 #: epilogue (at 32 lanes or fewer a GEMV row takes at least 11 cycles, more than the 7 micro-ops of the
 #: longest compiled program; the pipelined epilogue's routing congestion is in bitstreams/README.md)
+#: (keyword parameters of :class:`hw.params.BuildParams`, as the build tags, reports and CLI read them; the build
+#: itself is :data:`DEFAULT_BUILD`)
 DEFAULT_PARAMS = {"lanes": 32, "channels": 1, "bus_bits": 64, "quant_lanes": 8, "packing": "base3",
                   "max_hidden": 324, "max_intermediate": 868, "max_layers": 8, "epilogue_folded": True}
+DEFAULT_BUILD = BuildParams.from_mapping(DEFAULT_PARAMS)
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,8 @@ class Ecp5Top(Elaboratable):
 
     Parameters
     ----------
-    core_params : dict
-        Keyword parameters of :class:`hw.top.Accelerator` (``channels`` must be 1, ``bus_bits`` 64).
+    core_params : hw.params.BuildParams or dict
+        The core's build, or its keyword parameters (``channels`` must be 1, ``bus_bits`` 64).
     clk_in_hz : float
         Board oscillator frequency.
     freq_hz : float
@@ -218,19 +222,15 @@ class Ecp5Top(Elaboratable):
         On a core with more than one channel or another bus width, or a baud rate the clock cannot divide.
     """
 
-    def __init__(self, *, core_params: dict, clk_in_hz: float, freq_hz: float, baud: int):
-        from hw.isa import TritPacking
-
-        p = dict(core_params)
-        if p.get("channels", 1) != 1 or p.get("bus_bits", 64) != 64:
+    def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int):
+        p = BuildParams.from_mapping(core_params)
+        if p.channels != 1 or p.bus_bits != 64:
             raise ValueError("the UART link drives one 64-bit weight channel: channels=1, bus_bits=64")
-        if isinstance(p.get("packing"), str):
-            p["packing"] = TritPacking[p["packing"].upper()]
         self.pll = pll_config(clk_in_hz, freq_hz)
         self.divisor = round(self.pll["f_out"] / baud)
         if self.divisor < 4 or abs(self.pll["f_out"] / self.divisor - baud) > 0.01 * baud:
             raise ValueError(f"{self.pll['f_out'] / 1e6:g} MHz cannot make {baud} baud within 1 %")
-        self.core_params, self.clk_in_hz, self.freq_hz, self.baud = p, clk_in_hz, self.pll["f_out"], baud
+        self.build, self.clk_in_hz, self.freq_hz, self.baud = p, clk_in_hz, self.pll["f_out"], baud
 
     def elaborate(self, platform):
         from hw.top import Accelerator
@@ -256,7 +256,7 @@ class Ecp5Top(Elaboratable):
         # no FREQUENCY NET here: nextpnr derives the CLKOP constraint from the oscillator's and the dividers
         m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
 
-        m.submodules.linked = linked = LinkedCore(Accelerator(**self.core_params), divisor=self.divisor)
+        m.submodules.linked = linked = LinkedCore(Accelerator(self.build), divisor=self.divisor)
         uart = platform.request("uart", 0)
         m.d.comb += [linked.rx.eq(uart.rx.i), uart.tx.o.eq(linked.tx)]
 

@@ -25,46 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hw.params import BuildParams
+
 __all__ = ["BOARDS", "DEFAULT_BOARD", "BoardFacts", "DesignPoint", "Idle", "get"]
 
 
-@dataclass(frozen=True)
-class DesignPoint:
-    """The accelerator build of a board: what its flow or bitstream builds.
-
-    Attributes
-    ----------
-    lanes : int
-        Trits consumed per cycle, all channels together.
-    channels : int
-        Weight channels (each on its own memory port where the board has several).
-    bus_bits : int
-        ``tdata`` width of each weight channel.
-    quant_lanes : int
-        Codes formed per cycle by the quantize prologue.
-    fmax_mhz : float
-        Core clock the build targets (the PLL's output on the ECP5 boards, the PL or kernel clock on the
-        Xilinx boards), MHz.
-    epilogue_folded : bool
-        The folded epilogue (the ECP5 builds).
-    """
-
-    lanes: int
-    channels: int
-    bus_bits: int
-    quant_lanes: int
-    fmax_mhz: float
-    epilogue_folded: bool = False
-
-    def build_params(self) -> dict:
-        """The design point as keyword arguments of :class:`host.perf.BuildParams` (and of the golden device)."""
-        return {"lanes": self.lanes, "channels": self.channels, "bus_bits": self.bus_bits,
-                "quant_lanes": self.quant_lanes, "fmax_mhz": self.fmax_mhz, "epilogue_folded": self.epilogue_folded}
-
-    @property
-    def triple(self) -> tuple[int, int, int]:
-        """``(lanes, channels, bus_bits)``."""
-        return (self.lanes, self.channels, self.bus_bits)
+#: A board's design point is a :class:`hw.params.BuildParams` (the one build type): lanes, channels, bus width,
+#: quantize lanes, the clock the flow targets and the epilogue form; its other fields keep their defaults here
+#: (each flow sets the buffer capacities and packing it builds).
+DesignPoint = BuildParams
 
 
 @dataclass(frozen=True)
@@ -118,8 +87,9 @@ class BoardFacts:
         Such ports the weight channels can use.
     port_bits : int or None
         Data width of one port (None where the core sits behind the board's own DRAM controller).
-    design : DesignPoint
-        The build of this board.
+    design : hw.params.BuildParams
+        The build of this board (its ``fmax_mhz``: the core clock the build targets, the PLL's output on the
+        ECP5 boards, the PL or kernel clock on the Xilinx boards).
     idle : Idle
         Its idle draw, with its own sources.
     sources : dict of str to str
@@ -136,7 +106,7 @@ class BoardFacts:
     port_gbs: float
     ports: int
     port_bits: int | None
-    design: DesignPoint
+    design: BuildParams
     idle: Idle
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -164,7 +134,7 @@ _ZYNQMP_HP = ("Zynq UltraScale+ MPSoC TRM (UG1085), PS-PL interfaces: four 128-b
 BOARDS: dict[str, BoardFacts] = {
     "ulx3s-85f": BoardFacts(
         "ulx3s-85f", "Radiona ULX3S 85F (ECP5)", "LFE5U-85F-6BG381C", "ecp5", "sdram", 32, 0.1, 0.1, 1, None,
-        DesignPoint(lanes=16, channels=1, bus_bits=64, quant_lanes=4, fmax_mhz=50.0, epilogue_folded=True),
+        BuildParams(lanes=16, channels=1, bus_bits=64, quant_lanes=4, fmax_mhz=50.0, epilogue_folded=True),
         Idle(0.6, 0.08, "ULX3S-85F board input; " + _IDLE_BASIS_ECP5,
              "LFE5U-85F static near 25 C; " + _IDLE_BASIS_ECP5),
         {"part": "ULX3S schematic and amaranth-boards ULX3S_85F_Platform (LFE5U-85F, speed grade 6)",
@@ -177,7 +147,7 @@ BOARDS: dict[str, BoardFacts] = {
     "ecpix5-85f": BoardFacts(
         "ecpix5-85f", "LambdaConcept ECPIX-5 85F (ECP5)", "LFE5UM5G-85F-8BG554I", "ecp5", "ddr3", 512, 0.6, 0.6, 1,
         None,
-        DesignPoint(lanes=32, channels=1, bus_bits=64, quant_lanes=4, fmax_mhz=100.0, epilogue_folded=True),
+        BuildParams(lanes=32, channels=1, bus_bits=64, quant_lanes=4, fmax_mhz=100.0, epilogue_folded=True),
         Idle(1.5, 0.1, "ECPIX-5 board input; " + _IDLE_BASIS_ECP5,
              "LFE5UM5G-85F static near 25 C; " + _IDLE_BASIS_ECP5),
         {"part": "ECPIX-5 user guide and amaranth-boards ECPIX585Platform (LFE5UM5G-85F, speed grade 8)",
@@ -189,7 +159,7 @@ BOARDS: dict[str, BoardFacts] = {
                    "(100.60 MHz after routing; hw.boards.ecp5.CHOSEN)"}),
     "pynq-z2": BoardFacts(
         "pynq-z2", "TUL PYNQ-Z2 (Zynq-7020)", "xc7z020clg400-1", "zynq7", "ddr3", 512, 2.1, 1.2, 4, 64,
-        DesignPoint(lanes=64, channels=2, bus_bits=64, quant_lanes=8, fmax_mhz=100.0),
+        BuildParams(lanes=64, channels=2, bus_bits=64, quant_lanes=8, fmax_mhz=100.0),
         Idle(2.5, 0.12, "PYNQ-Z2 board input at 12 V; " + _IDLE_BASIS,
              "XC7Z020 PL static near 25 C; " + _IDLE_BASIS),
         {"part": "TUL PYNQ-Z2 reference manual: XC7Z020-1CLG400C",
@@ -201,7 +171,7 @@ BOARDS: dict[str, BoardFacts] = {
     "kv260": BoardFacts(
         "kv260", "AMD Kria KV260 (K26 SOM, Zynq UltraScale+)", "xck26-sfvc784-2LV-c", "zynqmp", "ddr4", 4096, 19.2,
         4.8, 4, 128,
-        DesignPoint(lanes=256, channels=4, bus_bits=128, quant_lanes=16, fmax_mhz=200.0),
+        BuildParams(lanes=256, channels=4, bus_bits=128, quant_lanes=16, fmax_mhz=200.0),
         Idle(3.5, 0.35, "K26 SOM 5 V input (VCC_SOM); " + _IDLE_BASIS,
              "K26 (XCK26) PL static near 25 C; " + _IDLE_BASIS),
         {"part": "Kria K26 SOM data sheet (DS987): XCK26-SFVC784-2LV-C",
@@ -212,7 +182,7 @@ BOARDS: dict[str, BoardFacts] = {
     "zcu104": BoardFacts(
         "zcu104", "AMD ZCU104 (XCZU7EV, Zynq UltraScale+)", "xczu7ev-ffvc1156-2-e", "zynqmp", "ddr4", 2048, 19.2,
         4.8, 4, 128,
-        DesignPoint(lanes=256, channels=4, bus_bits=128, quant_lanes=16, fmax_mhz=200.0),
+        BuildParams(lanes=256, channels=4, bus_bits=128, quant_lanes=16, fmax_mhz=200.0),
         Idle(14.0, 0.9, "ZCU104 12 V input; docs/ARCHITECTURE.md section 4: it idles near 14 W; " + _IDLE_BASIS,
              "XCZU7EV PL rails at idle; " + _IDLE_BASIS),
         {"part": "ZCU104 user guide (UG1267): XCZU7EV-2FFVC1156E",
@@ -222,7 +192,7 @@ BOARDS: dict[str, BoardFacts] = {
          "design": _XILINX_FLOW.format(key="zcu104") + "; one weight channel per HP port"}),
     "u55c": BoardFacts(
         "u55c", "AMD Alveo U55C (HBM2)", "xcu55c-fsvh2892-2L-e", "alveo-hbm", "hbm2", 16384, 460.0, 14.4, 32, 256,
-        DesignPoint(lanes=256, channels=4, bus_bits=256, quant_lanes=16, fmax_mhz=250.0),
+        BuildParams(lanes=256, channels=4, bus_bits=256, quant_lanes=16, fmax_mhz=250.0),
         Idle(25.0, 8.0, "Alveo U55C card with its shell loaded; " + _IDLE_BASIS,
              "XCU55C static near 40 C; " + _IDLE_BASIS),
         {"part": "Alveo U55C data sheet (DS978): XCU55C-FSVH2892-2L-E",

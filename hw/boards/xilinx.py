@@ -53,6 +53,8 @@ from typing import Any
 
 from hw.boards.facts import BOARDS as FACTS
 from hw.boards.facts import BoardFacts
+from hw.isa import TritPacking
+from hw.params import GATEWARE_FIELDS, BuildParams
 from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "EXIT_NO_TOOL", "XilinxBoard", "build", "estimate", "generate", "core_params",
@@ -142,11 +144,13 @@ class XilinxBoard:
         return self.facts.design.channels
 
     @property
-    def core(self) -> dict:
-        """:class:`hw.top.Accelerator` parameters of the build: the design point, base-3 packing, :attr:`limits`."""
-        d = self.facts.design
-        return {"lanes": d.lanes, "channels": d.channels, "bus_bits": d.bus_bits, "quant_lanes": d.quant_lanes,
-                "packing": 0, **self.limits}
+    def core(self) -> BuildParams:
+        """The build of the flow: the design point with :attr:`limits`, ``packing`` 0 (``TritPacking.BITS2``:
+        what the generated flows have always built; this property's docstring used to say base-3) and the
+        framing the shell's data movers give (:mod:`hw.boards.xilinx_shell`: no ``tlast`` at the token
+        packet's end; at the image's end only on Alveo)."""
+        return self.facts.design.replace(packing=TritPacking.BITS2, token_tlast=False,
+                                         image_tlast=self.family == "alveo", **self.limits)
 
 
 # 370M shape: hidden 1024, intermediate 2816, 24 layers (max_layers a power of two, hw/top.py's state banks)
@@ -189,33 +193,29 @@ def _board(board: str) -> XilinxBoard:
         raise ValueError(f"unknown Xilinx board {board!r}; known: {', '.join(BOARDS)}") from None
 
 
-def core_params(board: str, **overrides: Any) -> dict:
-    """The :class:`hw.top.Accelerator` parameters of ``board``'s build, with ``overrides`` applied.
+def core_params(board: str, **overrides: Any) -> BuildParams:
+    """The build of ``board``'s flow (:attr:`XilinxBoard.core`), with ``overrides`` of its gateware parameters.
 
     Raises
     ------
     ValueError
-        Unknown board, or an override that is not an Accelerator parameter.
+        Unknown board, an override that is not a gateware parameter (:data:`hw.params.GATEWARE_FIELDS`), or a
+        value :class:`~hw.params.BuildParams` refuses.
     """
     b = _board(board)
-    p = dict(b.core)
-    unknown = sorted(set(overrides) - set(p) - {"lut_segments_log2"})
+    unknown = sorted(set(overrides) - set(GATEWARE_FIELDS))
     if unknown:
-        raise ValueError(f"unknown core parameter(s) {unknown}; known: {sorted(p)}")
-    p.update(overrides)
-    return p
+        raise ValueError(f"unknown core parameter(s) {unknown}; known: {sorted(GATEWARE_FIELDS)}")
+    return b.core.replace(**overrides)
 
 
-def _shell(board: XilinxBoard, params: dict):
+def _shell(board: XilinxBoard, params: BuildParams):
     from hw.boards.xilinx_shell import XilinxShell
-    from hw.isa import TritPacking
 
-    kw = dict(params)
-    kw["packing"] = TritPacking(kw["packing"])
-    return XilinxShell(platform="alveo" if board.family == "alveo" else "zynq", **kw)
+    return XilinxShell(params, platform="alveo" if board.family == "alveo" else "zynq")
 
 
-def shell_verilog(board: str, params: dict | None = None) -> str:
+def shell_verilog(board: str, params: BuildParams | None = None) -> str:
     """Verilog of the shell and core (module ``mmfree_shell``), without source locations (deterministic)."""
     from amaranth.back import verilog
 
@@ -255,7 +255,7 @@ _AXIL = (("awaddr", "in", None), ("awprot", "in", 3), ("awvalid", "in", 1), ("aw
          ("rdata", "out", 32), ("rresp", "out", 2), ("rvalid", "out", 1), ("rready", "in", 1))
 
 
-def verilog_top(board: str, params: dict | None = None) -> str:
+def verilog_top(board: str, params: BuildParams | None = None) -> str:
     """The Verilog top around ``mmfree_shell``: vendor port names and interface attributes.
 
     Zynq (``mmfree_top``): ``aclk``, ``aresetn``, ``s_axis_w<c>`` (the DMA's MM2S streams; their ``tlast``
@@ -271,7 +271,7 @@ def verilog_top(board: str, params: dict | None = None) -> str:
     clk, rstn, ctl, irq = ("ap_clk", "ap_rst_n", "s_axi_control", "interrupt") if alveo else \
         ("aclk", "aresetn", "s_axil", "irq")
     addr_bits = 9 if alveo else 8
-    chans = [f"s_axis_w{c}" for c in range(p["channels"])]
+    chans = [f"s_axis_w{c}" for c in range(p.channels)]
     busif = ":".join([*chans, "m_axis_out", ctl])
     decl = [f'(* X_INTERFACE_INFO = "xilinx.com:signal:clock:1.0 {clk} CLK" *)\n'
             f'  (* X_INTERFACE_PARAMETER = "ASSOCIATED_BUSIF {busif}, ASSOCIATED_RESET {rstn}" *)\n'
@@ -281,7 +281,7 @@ def verilog_top(board: str, params: dict | None = None) -> str:
             f'  input  wire {rstn}']
     conn = [f".clk({clk})", f".rst(~{rstn})"]
     for ch in chans:
-        d, c = _axis_ports(ch, p["bus_bits"], "in", tlast_used=alveo)
+        d, c = _axis_ports(ch, p.bus_bits, "in", tlast_used=alveo)
         decl += d
         conn += c
     d, c = _axis_ports("m_axis_out", 32, "out")
@@ -324,22 +324,22 @@ def verilog_top(board: str, params: dict | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------- Vivado (Zynq)
-def vivado_tcl(board: str, params: dict | None = None) -> str:
+def vivado_tcl(board: str, params: BuildParams | None = None) -> str:
     """``build.tcl``: the Vivado batch flow of a Zynq board (block design, synthesis, implementation,
     ``mmfree.bit`` and ``mmfree.hwh``). Run as ``vivado -mode batch -source build.tcl`` from its folder."""
     b = _board(board)
     if b.family == "alveo":
         raise ValueError(f"{board} is an Alveo card: its flow is the Vitis kernel (vitis_files)")
     p = params or core_params(board)
-    C = p["channels"]
+    C = p.channels
     mp = b.family == "zynqmp"
     L: list[str] = []
     a = L.append
     a(f"# {b.title}: Vivado {b.vivado} batch flow of the mmfree-fpga overlay for {b.image}.")
     a("# Generated by hw/boards/xilinx.py; do not edit (regenerate: make bitstream BOARD=" + b.name + ").")
     a("# Run from this folder: vivado -mode batch -source build.tcl   (MMFREE_JOBS=<n>, MMFREE_FCLK_MHZ=<MHz>)")
-    a(f"# Core: lanes {p['lanes']}, channels {C}, bus {p['bus_bits']} bits, quantize lanes {p['quant_lanes']}, "
-      f"buffers {p['max_hidden']}/{p['max_intermediate']}/{p['max_layers']}.")
+    a(f"# Core: lanes {p.lanes}, channels {C}, bus {p.bus_bits} bits, quantize lanes {p.quant_lanes}, "
+      f"buffers {p.max_hidden}/{p.max_intermediate}/{p.max_layers}.")
     a("")
     a("set here [file normalize [file dirname [info script]]]")
     a(f"set want_version {b.vivado}")
@@ -398,8 +398,8 @@ def vivado_tcl(board: str, params: dict | None = None) -> str:
         a(f"create_bd_cell -type ip -vlnv {_IP['dma']} dma{c}")
         s2mm = "1" if c == 0 else "0"
         props = ["CONFIG.c_include_sg {0}", f"CONFIG.c_sg_length_width {{{DMA_LENGTH_BITS}}}",
-                 "CONFIG.c_include_mm2s {1}", f"CONFIG.c_m_axi_mm2s_data_width {{{p['bus_bits']}}}",
-                 f"CONFIG.c_m_axis_mm2s_tdata_width {{{p['bus_bits']}}}", "CONFIG.c_mm2s_burst_size {64}",
+                 "CONFIG.c_include_mm2s {1}", f"CONFIG.c_m_axi_mm2s_data_width {{{p.bus_bits}}}",
+                 f"CONFIG.c_m_axis_mm2s_tdata_width {{{p.bus_bits}}}", "CONFIG.c_mm2s_burst_size {64}",
                  f"CONFIG.c_include_s2mm {{{s2mm}}}"]
         if c == 0:
             props += ["CONFIG.c_s_axis_s2mm_tdata_width {32}", "CONFIG.c_m_axi_s2mm_data_width {32}",
@@ -468,7 +468,7 @@ def vivado_tcl(board: str, params: dict | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------- Vitis (Alveo)
-def vitis_files(board: str, params: dict | None = None) -> dict[str, str]:
+def vitis_files(board: str, params: BuildParams | None = None) -> dict[str, str]:
     """The U55C kernel flow's files by name: ``kernel.xml``, ``package_kernel.tcl``, ``mmfree_mm2s.cpp``,
     ``mmfree_s2mm.cpp``, ``link.cfg`` and ``build.sh``.
 
@@ -481,7 +481,7 @@ def vitis_files(board: str, params: dict | None = None) -> dict[str, str]:
     if b.family != "alveo":
         raise ValueError(f"{board} is not an Alveo card")
     p = params or core_params(board)
-    C, W = p["channels"], p["bus_bits"]
+    C, W = p.channels, p.bus_bits
     head = (f"{b.title}: Vitis {b.vivado} kernel flow of the mmfree-fpga core ({U55C_PLATFORM}). "
             "Generated by hw/boards/xilinx.py; do not edit.")
     args = []
@@ -670,7 +670,8 @@ def generate(board: str, out_dir: Path, *, verilog: bool = True, **params: Any) 
         os.chmod(out / "build.sh", 0o755)
     meta = {"board": b.name, "title": b.title, "part": b.part, "family": b.family, "tool": "Vitis" if alveo
             else "Vivado", "tool_version": b.vivado, "software": b.image, "fclk_mhz": b.fclk_mhz,
-            "hp_port_bits": b.hp_bits, "hp_ports": b.hp_ports, "core": p, "register_base": 0x10 if alveo else 0,
+            "hp_port_bits": b.hp_bits, "hp_ports": b.hp_ports, "core": p.gateware(),
+            "register_base": 0x10 if alveo else 0,
             "files": {n: _sha((out / n).read_bytes()) for n in sorted(files)}}
     _write(out / "params.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
     written["params.json"] = out / "params.json"

@@ -25,6 +25,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw import isa
+from hw.params import BuildParams
 from hw.regs import AXI4LiteSignature
 from hw.top import Accelerator, AXIStreamSignature
 
@@ -43,10 +44,14 @@ class XilinxShell(wiring.Component):
 
     Parameters
     ----------
+    build : hw.params.BuildParams, optional
+        The core's build, as given (:attr:`hw.boards.xilinx.XilinxBoard.core` sets the framing the data movers
+        give: ``token_tlast`` False, ``image_tlast`` only on Alveo).
     platform : {"zynq", "alveo"}
         Register map at offset 0 (Zynq, 8-bit addresses) or 0x10 (Alveo, 9-bit addresses).
     **core
-        Keyword parameters of :class:`hw.top.Accelerator` (``lanes``, ``channels``, ``bus_bits``, ...).
+        Instead of ``build``: its fields as keywords (``lanes``, ``channels``, ``bus_bits``, ...), where
+        ``token_tlast`` defaults to False and ``image_tlast`` to the platform being Alveo.
 
     Attributes
     ----------
@@ -64,16 +69,20 @@ class XilinxShell(wiring.Component):
         Unknown ``platform``; the Accelerator's own errors for bad core parameters.
     """
 
-    def __init__(self, *, platform: str = "zynq", **core):
+    def __init__(self, build: BuildParams | None = None, *, platform: str = "zynq", **core):
         if platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {sorted(PLATFORMS)}, got {platform!r}")
+        if build is not None and core:
+            raise TypeError("pass a BuildParams or keyword parameters, not both")
         self.platform = platform
         self.base = isa.register_base(platform)
-        # the DMAs do not mark the token packet's end (and on Zynq not the image's: the driver may split a stream
-        # into several transfers, each ending with tlast, which hw/boards/xilinx.py does not pass on)
-        core.setdefault("token_tlast", False)
-        core.setdefault("image_tlast", platform == "alveo")
-        self.core = Accelerator(**core)
+        if build is None:
+            # the DMAs do not mark the token packet's end (and on Zynq not the image's: the driver may split a
+            # stream into several transfers, each ending with tlast, which hw/boards/xilinx.py does not pass on)
+            core.setdefault("token_tlast", False)
+            core.setdefault("image_tlast", platform == "alveo")
+            build = BuildParams.from_mapping(core)
+        self.core = Accelerator(build)
         members = {f"s_axis_w{c}": Out(AXIStreamSignature(self.core.bus_bits)) for c in range(self.core.channels)}
         members["m_axis_out"] = In(AXIStreamSignature(32))
         members["s_axil"] = Out(AXI4LiteSignature(addr_width=PLATFORMS[platform]))

@@ -20,6 +20,7 @@ import pytest
 from amaranth.back import rtlil
 
 from hw.gemv import TernaryGemv
+from hw.params import BuildParams
 from hw.quant import Quantizer
 
 pytestmark = pytest.mark.filterwarnings("error")
@@ -93,7 +94,7 @@ def test_builtin_yosys_keeps_multipliers_visible():
 def test_gemv_inside_accelerator_has_no_multiplier():
     from hw.top import Accelerator
 
-    cells = cell_types(rtlil.convert(Accelerator(lanes=16, bus_bits=64, quant_lanes=4), name="top"))
+    cells = cell_types(rtlil.convert(Accelerator(BuildParams(lanes=16, bus_bits=64, quant_lanes=4)), name="top"))
     gemv = [m for m in cells if re.match(r"top\.gemv\d+(\.|$)", m)]
     assert gemv, list(cells)
     assert multiplies(cells, gemv) == 0

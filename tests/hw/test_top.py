@@ -15,6 +15,7 @@ from host.devices.golden import GoldenMachine, make_token_packet, parse_output_p
 from host.model import HGRNBitConfig, random_weights
 from hw import numerics as nx
 from hw.isa import TritPacking
+from hw.params import BuildParams
 from hw.top import Accelerator
 from tests.hw.stimulus import biased_image, low_energy, tie_token
 
@@ -51,8 +52,8 @@ def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout
         state = res.state
         packets.append(pk)
         expected.append(res.output)
-    dut = Accelerator(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=4, packing=packing,
-                      max_hidden=32, max_intermediate=32, max_layers=max_layers, **build)
+    dut = Accelerator(BuildParams(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=4, packing=packing,
+                                  max_hidden=32, max_intermediate=32, max_layers=max_layers, **build))
     got: list[bytes] = []
 
     async def feed(ctx):

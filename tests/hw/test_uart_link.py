@@ -141,11 +141,10 @@ def test_fifo_depth_is_validated():
 def test_the_real_core_behind_the_link():
     """The boards' LinkedCore around the real (folded, 8-lane) Accelerator: its ID block over the UART, the
     error the core raises on a stream that is not a token packet, and a core reset that clears it."""
-    from hw.boards.ecp5 import DEFAULT_PARAMS, LinkedCore
+    from hw.boards.ecp5 import DEFAULT_BUILD, LinkedCore
     from hw.top import Accelerator
 
-    params = {**DEFAULT_PARAMS, "lanes": 8, "quant_lanes": 4, "packing": isa.TritPacking.BASE3}
-    core = Accelerator(**params)
+    core = Accelerator(DEFAULT_BUILD.replace(lanes=8, quant_lanes=4, packing=isa.TritPacking.BASE3))
     port = SimSerial(LinkedCore(core, divisor=4, fifo_depth=64, byte_timeout=4000), cycles_per_read=20000)
     link = UartLink(port, timeout=5.0)
     ids = core.id_values()
