@@ -8,8 +8,9 @@ Use :func:`open_device` to get one by name::
         logits = dev.prefill(prompt_ids)
 
 The registry :data:`DEVICES` maps a name to the module and class that implement it. Device modules are
-imported only when that device is opened, so board libraries (``pynq``, ``pyxrt``), which the board
-devices import at their module level, never load on a machine that does not ask for those devices.
+imported only when that device is opened, and board libraries (``pynq``, ``pyxrt``, ``serial``) only inside
+their transports (:mod:`host.devices.driver`: one driver, thin transports), so they never load on a machine
+that does not ask for those devices.
 
 Adding a device
 ---------------
