@@ -11,7 +11,7 @@ in the pipelined and the folded form.
 """
 
 import dataclasses
-from collections import Counter
+from collections import Counter, deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,8 +27,18 @@ from host.devices.golden import _Executor
 from host.image import MicroOpSpec
 from host.model import HGRNBitConfig, random_weights
 from hw import numerics as nx
-from hw.epilogue import READ_BUFFERS, WRITE_BUFFERS, Epilogue
+from hw.epilogue import (
+    ENTRY_LATENCY,
+    READ_BUFFERS,
+    STAGE_LATENCY,
+    WRITE_BUFFERS,
+    Epilogue,
+    FoldedEpilogue,
+    PipelinedEpilogue,
+    epilogue_class,
+)
 from hw.isa import ACC_BITS, MAX_OPS, Buffer, MicroOpcode, Opcode
+from tests.hw.streams import stream_get, stream_put, stream_put_all
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -310,6 +320,22 @@ def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, see
     hw_regs = [0] * 8
     checked = []
 
+    feed = deque()      # the current instruction's elements not yet presented on ``i``
+    taken = []          # OUT values taken from ``logits`` (the stream rules checked while it is stalled)
+    sent = [0]          # elements transferred on ``i``
+
+    async def producer(ctx):
+        while True:
+            if feed:
+                await stream_put(ctx, dut.i, feed.popleft(), idle=idle, rng=rng)
+                sent[0] += 1
+            else:
+                await ctx.tick()
+
+    async def consumer(ctx):
+        while True:
+            taken.append(await stream_get(ctx, dut.logits, stall=backpressure, rng=rng))
+
     async def bench(ctx):
         for ci, case in enumerate(cases):
             n = len(case.values)
@@ -324,33 +350,16 @@ def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, see
             ctx.set(dut.start, 0)
             for stage, value in (case.saturate_acc or {}).items():
                 ctx.set(dut._stage_accs[stage], value)
-            sent, logits, done_seen, presenting = 0, [], 0, False
-            held = None  # logits payload offered but not taken: must stay
+            taken.clear()
+            sent[0] = 0
+            feed.extend({"value": int(case.values[j]), "index": j, "last": int(j == n - 1)} for j in range(n))
+            done_seen = 0
             for _cycle in range(n * 8 * dut.interval + dut.latency + 200):
-                if not presenting and sent < n and rng.random() >= idle:
-                    ctx.set(dut.i.payload, {"value": int(case.values[sent]), "index": sent, "last": int(sent == n - 1)})
-                    ctx.set(dut.i.valid, 1)
-                    presenting = True
-                ready = int(rng.random() >= backpressure)
-                ctx.set(dut.logits.ready, ready)
-                took = presenting and ctx.get(dut.i.ready)
-                if held is not None:
-                    assert ctx.get(dut.logits.valid) and ctx.get(dut.logits.payload) == held, "logits changed"
-                held = None
-                if ctx.get(dut.logits.valid):
-                    if ready:
-                        logits.append(ctx.get(dut.logits.payload))
-                    else:
-                        held = ctx.get(dut.logits.payload)
                 done = ctx.get(dut.done)
                 await ctx.tick()
-                if took:
-                    sent += 1
-                    presenting = False
-                    ctx.set(dut.i.valid, 0)
                 if done:
                     done_seen += 1
-                    assert sent == n, "done before the last element was accepted"
+                    assert sent[0] == n and not feed, "done before the last element was accepted"
                     break
             assert done_seen == 1, f"case {ci}: no done"
             for _ in range(3):  # done is a strobe
@@ -360,6 +369,7 @@ def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, see
                      for b in WRITE_BUFFERS}
             regs = [ctx.get(dut.regs[k]) for k in range(8)]
             best = (ctx.get(dut.argmax_index), ctx.get(dut.argmax_value))
+            logits = list(taken)
             # hw.numerics expectations
             exp = case.expect
             if "logits" in exp:
@@ -392,6 +402,8 @@ def simulate(cases, *, seg=nx.LUT_SEGMENTS_LOG2, idle=0.0, backpressure=0.0, see
 
     sim = Simulator(h)
     sim.add_clock(1e-8)
+    sim.add_testbench(producer, background=True)
+    sim.add_testbench(consumer, background=True)
     sim.add_testbench(bench)
     sim.run()
     assert checked == list(range(len(cases)))
@@ -433,7 +445,7 @@ def test_compiled_programs(output_gate, idle, backpressure, folded):
 @pytest.mark.parametrize("folded", FOLDED)
 def test_measured_latency(folded):
     """Cycles from the last input transfer to ``done``, streaming without stalls: ``latency_for(n_ops)`` plus
-    1-2 (``host.perf.DONE_LATENCY``), plus two more when the last micro-op reduces."""
+    1 to ``DONE_LATENCY`` (2, ``host.perf.DONE_LATENCY``), plus two more when the last micro-op reduces."""
     progs = [([op(M.NOP)], False), ([op(M.ADD, dst=2, a=0, b=1), op(M.OUT, a=2)], False),
              ([op(M.LD, dst=2, buf=Buffer.C0), op(M.SSQ, a=2, reg=1)], True),
              ([op(M.SIG, dst=1, a=0, shift=16), op(M.ST, a=1, buf=Buffer.A), op(M.SSQ, a=0, reg=2),
@@ -451,22 +463,15 @@ def test_measured_latency(folded):
             ctx.set(dut.start, 1)
             await ctx.tick()
             ctx.set(dut.start, 0)
-            sent, last_at = 0, None
-            for cycle in range(2000):
-                if sent < N:
-                    ctx.set(dut.i.payload, {"value": sent, "index": sent, "last": int(sent == N - 1)})
-                    ctx.set(dut.i.valid, 1)
-                took = sent < N and ctx.get(dut.i.ready)
-                done = ctx.get(dut.done)
-                await ctx.tick()
-                if took:
-                    sent += 1
-                    last_at = cycle
-                    if sent == N:
-                        ctx.set(dut.i.valid, 0)
-                if done:
-                    got.append(cycle - last_at)
+            await stream_put_all(ctx, dut.i, [{"value": j, "index": j, "last": int(j == N - 1)} for j in range(N)])
+            # cycles from the last transfer to ``done`` (the cycle after the transfer is 1)
+            for cycles in range(1, 2000):
+                if ctx.get(dut.done):
+                    got.append(cycles)
                     break
+                await ctx.tick()
+            else:
+                raise AssertionError("no done")
             for _ in range(3):
                 await ctx.tick()
 
@@ -475,7 +480,7 @@ def test_measured_latency(folded):
     sim.add_testbench(bench)
     sim.run()
     want = [(dut.latency_for(len(ops)) + (3 if reduces and folded else 1),
-             dut.latency_for(len(ops)) + (4 if reduces and folded else 2)) for ops, reduces in progs]
+             dut.latency_for(len(ops)) + (4 if reduces and folded else dut.DONE_LATENCY)) for ops, reduces in progs]
     assert all(lo <= g <= hi for g, (lo, hi) in zip(got, want, strict=True)), (got, want)
 
 
@@ -488,8 +493,19 @@ def test_parameters():
     assert not dut.folded and f.folded and dut.interval == 1 and f.interval == MAX_OPS
     assert f.multipliers == 3 and f.lut_rom[0] == 1 and f.latency == 4 + 11 * MAX_OPS
     assert [f.latency_for(n) for n in (0, 1, 7, 9)] == [15, 15, 81, 92] and dut.latency_for(2) == 86
+    # the latencies without an instance (host.perf reads them), the same as the instances'
+    assert epilogue_class(False) is PipelinedEpilogue and epilogue_class(True) is FoldedEpilogue
+    assert isinstance(dut, PipelinedEpilogue) and isinstance(f, FoldedEpilogue)
+    assert PipelinedEpilogue.LATENCY == dut.latency == ENTRY_LATENCY + MAX_OPS * STAGE_LATENCY
+    assert FoldedEpilogue.LATENCY == f.latency and FoldedEpilogue.INTERVAL == f.interval
+    assert [FoldedEpilogue.latency_for(n) for n in (0, 1, 7, 9)] == [f.latency_for(n) for n in (0, 1, 7, 9)]
+    assert FoldedEpilogue.LATENCY_BASE == ENTRY_LATENCY - 2 and FoldedEpilogue.PASS_CYCLES == STAGE_LATENCY + 1
+    assert [FoldedEpilogue.passes(n) for n in (0, 1, 8, 9)] == [1, 1, 8, 8]
+    assert PipelinedEpilogue.DONE_LATENCY == FoldedEpilogue.DONE_LATENCY == 2
     with pytest.raises(TypeError, match="folded"):
         Epilogue(folded=1)
+    with pytest.raises(TypeError, match="folded"):
+        epilogue_class(None)
     for kw, exc in (({"lut_segments_log2": 5}, ValueError), ({"lut_segments_log2": 15}, ValueError),
                     ({"acc_bits": 33}, ValueError), ({"acc_bits": 1}, ValueError), ({"index_bits": 0}, ValueError),
                     ({"acc_bits": 22.0}, TypeError), ({"index_bits": True}, TypeError),
