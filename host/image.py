@@ -26,7 +26,6 @@ from hw.isa import (
     ImageHeader,
     InstrFlags,
     InstrHeader,
-    MicroOp,
     MicroOpcode,
     Opcode,
     TritPacking,
@@ -277,11 +276,23 @@ def assemble(instructions: Sequence[Instruction], *, packing: TritPacking, chann
     return bytes(header) + bytes(body)
 
 
-def _enum(cls, value, cause: ErrorCause, what: str, **where):
+def _member(view: isa.Unpacked, layout, path: tuple, cause: ErrorCause, what: str, **where):
+    """The enum or flag member in field ``path`` of ``view`` (``layout`` unpacked by :func:`hw.isa.unpack`);
+    :class:`ImageError` with ``cause`` naming the field's bits when they are no member."""
     try:
-        return cls(value)
+        value = view
+        for key in path:
+            value = value[key]
+        return value
     except ValueError:
-        raise ImageError(cause, f"unknown {what} {value}", **where) from None
+        bit, width = isa.field_span(layout, path)
+        raise ImageError(cause, f"unknown {what} {(view.as_bits() >> bit) & ((1 << width) - 1)}",
+                         **where) from None
+
+
+def _byte(layout, name: str) -> int:
+    """Byte offset of field ``name`` of ``layout`` (where an error message points)."""
+    return isa.field_span(layout, (name,))[0] // 8
 
 
 @dataclass(frozen=True)
@@ -332,23 +343,23 @@ def check_image_header(raw: bytes | bytearray | memoryview, limits: BuildLimits 
                          "('MMFI'): not a model image", offset=0)
     if h.version != isa.ISA_VERSION:
         raise ImageError(ErrorCause.BAD_VERSION, f"image ISA version {h.version}, this build runs version "
-                         f"{isa.ISA_VERSION}: recompile the model", offset=4)
-    crc = isa.crc32_words(mv[:HEADER_BYTES - 4])
+                         f"{isa.ISA_VERSION}: recompile the model", offset=_byte(ImageHeader, "version"))
+    crc = isa.crc32_words(mv[:_byte(ImageHeader, "crc")])
     if crc != h.crc:
         raise ImageError(ErrorCause.HEADER_CRC, f"image header CRC 0x{h.crc:08x}, computed 0x{crc:08x}",
-                         offset=HEADER_BYTES - 4)
-    packing = _enum(TritPacking, _raw_field(mv[:HEADER_BYTES], 64, 8), ErrorCause.BAD_SHAPE, "trit packing",
-                    offset=8)
+                         offset=_byte(ImageHeader, "crc"))
+    packing = _member(h, ImageHeader, ("packing",), ErrorCause.BAD_SHAPE, "trit packing",
+                      offset=_byte(ImageHeader, "packing"))
     info = ImageInfo(packing=packing, channels=h.channels, n_layers=h.n_layers, hidden=h.hidden,
                      intermediate=h.intermediate, vocab=h.vocab, n_instructions=h.n_instructions,
                      image_bytes=4 * h.image_words, residual_frac=h.residual_frac, state_frac=h.state_frac,
                      gate_frac=h.gate_frac, lut_segments_log2=h.lut_segments_log2)
     if lim.packing is not None and packing is not TritPacking(lim.packing):
         raise ImageError(ErrorCause.BAD_SHAPE, f"{packing.name} trits, the build decodes "
-                         f"{TritPacking(lim.packing).name}", offset=8)
+                         f"{TritPacking(lim.packing).name}", offset=_byte(ImageHeader, "packing"))
     if not (1 <= info.channels <= 16) or (lim.channels is not None and info.channels != lim.channels):
         raise ImageError(ErrorCause.BAD_SHAPE, f"{info.channels} weight channels (1-16, the build has "
-                         f"{lim.channels or 'any'})", offset=9)
+                         f"{lim.channels or 'any'})", offset=_byte(ImageHeader, "channels"))
     limits_ = (("hidden", info.hidden, lim.max_hidden), ("intermediate", info.intermediate, lim.max_intermediate),
                ("n_layers", info.n_layers, lim.max_layers), ("vocab", info.vocab, isa.MAX_VOCAB))
     for name, v, most in limits_:
@@ -356,10 +367,10 @@ def check_image_header(raw: bytes | bytearray | memoryview, limits: BuildLimits 
             raise ImageError(ErrorCause.BAD_SHAPE, f"{name} {v} outside 1..{most}", offset=0)
     if info.gate_frac != GATE_FRAC:
         raise ImageError(ErrorCause.BAD_SHAPE, f"gate_frac {info.gate_frac}: the ISA fixes sigmoid outputs at "
-                         f"Q.{GATE_FRAC}", offset=30)
+                         f"Q.{GATE_FRAC}", offset=_byte(ImageHeader, "gate_frac"))
     if lim.lut_segments_log2 is not None and info.lut_segments_log2 != lim.lut_segments_log2:
         raise ImageError(ErrorCause.BAD_SHAPE, f"a sigmoid LUT of 2^{info.lut_segments_log2} segments, the build "
-                         f"has 2^{lim.lut_segments_log2}", offset=31)
+                         f"has 2^{lim.lut_segments_log2}", offset=_byte(ImageHeader, "lut_segments_log2"))
     if size == HEADER_BYTES:
         raise ImageError(ErrorCause.TRUNCATED, "the image ends with its header", offset=size)
     return info
@@ -393,22 +404,22 @@ def iter_instructions(raw: bytes | bytearray | memoryview, info: ImageInfo, *,
             raise ImageError(ErrorCause.TRUNCATED, "the image ends inside an instruction header", **where)
         head = mv[pos:pos + INSTR_BYTES]
         ih = isa.unpack(InstrHeader, head)
-        crc = isa.crc32_words(head[:-4])
+        crc = isa.crc32_words(head[:_byte(InstrHeader, "crc")])
         if crc != ih.crc:
             raise ImageError(ErrorCause.INSTR_CRC, f"instruction header CRC 0x{ih.crc:08x}, computed 0x{crc:08x}",
-                             offset=pos + INSTR_BYTES - 4, instruction=idx)
-        opcode = _enum(Opcode, _raw_field(head, 0, 8), ErrorCause.UNKNOWN_OPCODE, "opcode", **where)
-        flags = _enum(InstrFlags, _raw_field(head, 8, 8), ErrorCause.UNKNOWN_OPCODE, "instruction flags", **where)
+                             offset=pos + _byte(InstrHeader, "crc"), instruction=idx)
+        opcode = _member(ih, InstrHeader, ("opcode",), ErrorCause.UNKNOWN_OPCODE, "opcode", **where)
+        flags = _member(ih, InstrHeader, ("flags",), ErrorCause.UNKNOWN_OPCODE, "instruction flags", **where)
         ins = Instruction(opcode=opcode, flags=flags, layer=ih.layer, n=ih.n,
                           k=ih.k, q_shift=ih.q_shift, amax_reg=ih.amax_reg, ssq_reg=ih.ssq_reg,
                           cb_mant=ih.cb_mant, cb_shift=ih.cb_shift, ssq_bias=ih.ssq_bias,
                           ssq_bias_shift=ih.ssq_bias_shift, out_frac=ih.out_frac, offset=pos)
         # micro-ops (BAD_MICROOP), then shapes (BAD_SHAPE): the core's instruction check has this precedence
-        ins.src = _enum(Buffer, _raw_field(head, 64, 4), ErrorCause.BAD_MICROOP, "source buffer", **where)
+        ins.src = _member(ih, InstrHeader, ("src",), ErrorCause.BAD_MICROOP, "source buffer", **where)
         n_ops = ih.n_ops
         if n_ops > isa.MAX_OPS:
             raise ImageError(ErrorCause.BAD_MICROOP, f"{n_ops} micro-ops (at most {isa.MAX_OPS})", **where)
-        ins.ops = [_decode_op(head, j, where) for j in range(n_ops)]
+        ins.ops = [_decode_op(ih, j, where) for j in range(n_ops)]
         n_consts = ih.n_consts
         if n_consts > isa.MAX_CONSTS:
             raise ImageError(ErrorCause.BAD_MICROOP, f"{n_consts} constant vectors (at most {isa.MAX_CONSTS})",
@@ -505,19 +516,12 @@ def parse_image(raw: bytes | bytearray | memoryview, *, check_trits: bool = True
     return ParsedImage(info=info, instructions=instructions, raw=mv)
 
 
-def _raw_field(head: memoryview, bit: int, width: int) -> int:
-    return (int.from_bytes(bytes(head), "little") >> bit) & ((1 << width) - 1)
-
-
-_OPS_BIT = 224  # InstrHeader: ops start after 7 words
-
-
-def _decode_op(head: memoryview, j: int, where: dict) -> MicroOpSpec:
-    word = _raw_field(head, _OPS_BIT + 32 * j, 32)
-    raw = isa.unpack(MicroOp, word.to_bytes(4, "little"))
-    op = _enum(MicroOpcode, word & 0x1F, ErrorCause.BAD_MICROOP, f"micro-op {j} opcode", **where)
-    buf = _enum(Buffer, (word >> 11) & 0xF, ErrorCause.BAD_MICROOP, f"micro-op {j} buffer", **where)
-    return MicroOpSpec(op=op, dst=raw.dst, a=raw.a, b=raw.b, buf=buf, shift=raw.shift, reg=raw.reg)
+def _decode_op(ih: isa.Unpacked, j: int, where: dict) -> MicroOpSpec:
+    """Micro-op ``j`` of an unpacked instruction header (``BAD_MICROOP`` for an unknown opcode or buffer)."""
+    op = _member(ih, InstrHeader, ("ops", j, "op"), ErrorCause.BAD_MICROOP, f"micro-op {j} opcode", **where)
+    buf = _member(ih, InstrHeader, ("ops", j, "buf"), ErrorCause.BAD_MICROOP, f"micro-op {j} buffer", **where)
+    u = ih.ops[j]
+    return MicroOpSpec(op=op, dst=u.dst, a=u.a, b=u.b, buf=buf, shift=u.shift, reg=u.reg)
 
 
 _WRITABLE = (Buffer.X, Buffer.A, Buffer.P, Buffer.STATE_NEW)
