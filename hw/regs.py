@@ -16,7 +16,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.isa import REGISTER_MAP, Counter, Ctrl, Status
 
-__all__ = ["AXI4LiteSignature", "RegisterBlock"]
+__all__ = ["AXI4LiteSignature", "HostSignature", "CountersSignature", "RegisterBlock"]
 
 
 class AXI4LiteSignature(wiring.Signature):
@@ -37,6 +37,23 @@ class AXI4LiteSignature(wiring.Signature):
         })
 
 
+class HostSignature(wiring.Signature):
+    """The core's status and control registers, from the core's side: ``busy``, ``done``, ``error`` Out(1)
+    (:class:`hw.isa.Status`), ``error_cause`` Out(8), ``error_where`` Out(32), ``position`` Out(32);
+    ``clear``, ``abort`` In(1): one-cycle strobes from ``CTRL`` (:class:`hw.isa.Ctrl`)."""
+
+    def __init__(self):
+        super().__init__({"busy": Out(1), "done": Out(1), "error": Out(1), "error_cause": Out(8),
+                          "error_where": Out(32), "position": Out(32), "clear": In(1), "abort": In(1)})
+
+
+class CountersSignature(wiring.Signature):
+    """Every counter's value: one Out(64) per :class:`hw.isa.Counter`, by its lower-case name."""
+
+    def __init__(self):
+        super().__init__({c.name.lower(): Out(64) for c in Counter})
+
+
 class RegisterBlock(wiring.Component):
     """The core's AXI4-Lite registers.
 
@@ -50,14 +67,12 @@ class RegisterBlock(wiring.Component):
     Attributes
     ----------
     axil : AXI4LiteSignature
-    clear, abort : Out(1)
-        One-cycle strobes from ``CTRL`` writes (:class:`hw.isa.Ctrl` ``CLEAR``, ``ABORT``).
-    busy, done, error : In(1)
-        ``STATUS``: :class:`hw.isa.Status` ``BUSY``, ``DONE``, ``ERROR``.
-    error_cause : In(8)
-    error_where : In(32)
-    position, argmax : In(32)
-    counters : In(64) x len(Counter)
+    host : In(HostSignature())
+        ``STATUS`` (``busy``, ``done``, ``error``), ``ERROR_CAUSE``, ``ERROR_WHERE``, ``POSITION``; ``clear``,
+        ``abort``: one-cycle strobes from ``CTRL`` writes (:class:`hw.isa.Ctrl` ``CLEAR``, ``ABORT``).
+    argmax : In(32)
+    counters : In(CountersSignature())
+        ``COUNTERS`` (low word, then high word).
     """
 
     def __init__(self, *, id_values: dict, addr_width: int = 8):
@@ -74,12 +89,8 @@ class RegisterBlock(wiring.Component):
         self._addr_width = addr_width
         members = {
             "axil": Out(AXI4LiteSignature(addr_width=addr_width)),  # subordinate view: not flipped
-            "clear": Out(1), "abort": Out(1),
-            "busy": In(1), "done": In(1), "error": In(1),
-            "error_cause": In(8), "error_where": In(32), "position": In(32), "argmax": In(32),
+            "host": In(HostSignature()), "argmax": In(32), "counters": In(CountersSignature()),
         }
-        for c in Counter:
-            members[f"counter_{c.name.lower()}"] = In(64)
         super().__init__(members)
 
     @property
@@ -89,7 +100,7 @@ class RegisterBlock(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         r = REGISTER_MAP
-        bus = self.axil
+        bus, host = self.axil, self.host
 
         # ---- read channel: accept an address, answer one cycle later, hold until rready
         rvalid = Signal()
@@ -104,19 +115,19 @@ class RegisterBlock(wiring.Component):
                     m.d.comb += word.eq(val)
             with m.Case(r.STATUS):
                 status = Signal(Status)
-                m.d.comb += [status.eq(Mux(self.busy, Status.BUSY, 0) | Mux(self.done, Status.DONE, 0)
-                                       | Mux(self.error, Status.ERROR, 0)),
+                m.d.comb += [status.eq(Mux(host.busy, Status.BUSY, 0) | Mux(host.done, Status.DONE, 0)
+                                       | Mux(host.error, Status.ERROR, 0)),
                              word.eq(status.as_value())]
             with m.Case(r.ERROR_CAUSE):
-                m.d.comb += word.eq(self.error_cause)
+                m.d.comb += word.eq(host.error_cause)
             with m.Case(r.ERROR_WHERE):
-                m.d.comb += word.eq(self.error_where)
+                m.d.comb += word.eq(host.error_where)
             with m.Case(r.POSITION):
-                m.d.comb += word.eq(self.position)
+                m.d.comb += word.eq(host.position)
             with m.Case(r.ARGMAX):
                 m.d.comb += word.eq(self.argmax)
             for c in Counter:
-                value = getattr(self, f"counter_{c.name.lower()}")
+                value = getattr(self.counters, c.name.lower())
                 with m.Case(r.counter(c)):
                     m.d.comb += word.eq(value[:32])
                 with m.Case(r.counter(c) + 4):
@@ -138,13 +149,13 @@ class RegisterBlock(wiring.Component):
             m.d.sync += [aw_ok.eq(1), awaddr.eq(bus.awaddr)]
         with m.If(bus.wvalid & bus.wready):
             m.d.sync += [w_ok.eq(1), wdata.eq(bus.wdata)]
-        m.d.sync += [self.clear.eq(0), self.abort.eq(0)]
+        m.d.sync += [host.clear.eq(0), host.abort.eq(0)]
         with m.If(aw_ok & w_ok & ~bvalid):
             m.d.sync += [bvalid.eq(1), aw_ok.eq(0), w_ok.eq(0)]
             with m.If((awaddr & ~Const(3, self._addr_width)) == r.CTRL):
                 ctrl = Ctrl(wdata)
-                m.d.sync += [self.clear.eq((ctrl & Ctrl.CLEAR).as_value().any()),
-                             self.abort.eq((ctrl & Ctrl.ABORT).as_value().any())]
+                m.d.sync += [host.clear.eq((ctrl & Ctrl.CLEAR).as_value().any()),
+                             host.abort.eq((ctrl & Ctrl.ABORT).as_value().any())]
         with m.If(bvalid & bus.bready):
             m.d.sync += bvalid.eq(0)
         return m

@@ -5,10 +5,12 @@ on the bits (STYLE.md point 7). All are ``amaranth.lib.data`` layouts, structura
 with the same parameters give equal layouts.
 """
 
-from amaranth.hdl import signed
-from amaranth.lib import data
+from amaranth.hdl import Module, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 
-__all__ = ["trit_chunk_layout", "code_word_layout", "acc_row_layout"]
+__all__ = ["trit_chunk_layout", "code_word_layout", "acc_row_layout", "packet_beat_layout", "WORD_LAYOUT",
+           "AXIStreamSignature", "AXIStreamReceiver", "AXIStreamSender"]
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -81,3 +83,100 @@ def acc_row_layout(acc_bits: int) -> data.StructLayout:
     """
     acc_bits = _check_positive_int("acc_bits", acc_bits)
     return data.StructLayout({"acc": signed(acc_bits), "last": 1})
+
+
+def packet_beat_layout(data_bits: int) -> data.StructLayout:
+    """One beat of a packet stream: ``data``: ``unsigned(data_bits)`` (byte ``b`` in bits ``8b+7 .. 8b``),
+    ``last``: 1 bit, the packet's last beat (AXI4-Stream ``tlast``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``data_bits`` is not an int >= 1.
+    """
+    data_bits = _check_positive_int("data_bits", data_bits)
+    return data.StructLayout({"data": unsigned(data_bits), "last": 1})
+
+
+#: A 32-bit word of a packet: channel 0's words (token packet, image header) and the output packet's words.
+WORD_LAYOUT = packet_beat_layout(32)
+
+
+class AXIStreamSignature(wiring.Signature):
+    """AXI4-Stream (ARM IHI 0051A) with ``tdata``, ``tvalid``, ``tready``, ``tlast``, from the transmitter's
+    side as :class:`amaranth.lib.stream.Signature` (``tdata``, ``tvalid``, ``tlast`` ``Out``, ``tready``
+    ``In``): a port of this signature as ``Out`` sends, ``In`` (flipped) receives. These names appear only at
+    the core's boundary (inside, streams are ``lib.stream`` with :func:`packet_beat_layout` payloads:
+    :class:`AXIStreamReceiver`, :class:`AXIStreamSender`). cocotbext-axi finds a port with
+    ``AxiStreamBus.from_prefix(dut, name, bus_separator="__")``.
+
+    Parameters
+    ----------
+    data_width : int
+        ``tdata`` bits, a positive multiple of 8.
+    """
+
+    def __init__(self, data_width: int):
+        if not isinstance(data_width, int) or data_width % 8 or data_width < 8:
+            raise ValueError(f"data_width must be a positive multiple of 8, got {data_width}")
+        self.data_width = data_width
+        super().__init__({"tdata": Out(data_width), "tvalid": Out(1), "tready": In(1), "tlast": Out(1)})
+
+    def __eq__(self, other):
+        return isinstance(other, AXIStreamSignature) and other.data_width == self.data_width
+
+    def __hash__(self):
+        return hash((AXIStreamSignature, self.data_width))
+
+    def __repr__(self):
+        return f"AXIStreamSignature({self.data_width})"
+
+
+class AXIStreamReceiver(wiring.Component):
+    """An AXI4-Stream input as a ``lib.stream`` (wires only, no logic).
+
+    Parameters
+    ----------
+    data_width : int
+
+    Attributes
+    ----------
+    axis : In(AXIStreamSignature(data_width))
+    o : Out(stream.Signature(packet_beat_layout(data_width)))
+        ``data`` = ``tdata``, ``last`` = ``tlast``.
+    """
+
+    def __init__(self, data_width: int):
+        super().__init__({"axis": In(AXIStreamSignature(data_width)),
+                          "o": Out(stream.Signature(packet_beat_layout(data_width)))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += [self.o.payload.data.eq(self.axis.tdata), self.o.payload.last.eq(self.axis.tlast),
+                     self.o.valid.eq(self.axis.tvalid), self.axis.tready.eq(self.o.ready)]
+        return m
+
+
+class AXIStreamSender(wiring.Component):
+    """A ``lib.stream`` as an AXI4-Stream output (wires only, no logic).
+
+    Parameters
+    ----------
+    data_width : int
+
+    Attributes
+    ----------
+    i : In(stream.Signature(packet_beat_layout(data_width)))
+    axis : Out(AXIStreamSignature(data_width))
+        ``tdata`` = ``data``, ``tlast`` = ``last``.
+    """
+
+    def __init__(self, data_width: int):
+        super().__init__({"i": In(stream.Signature(packet_beat_layout(data_width))),
+                          "axis": Out(AXIStreamSignature(data_width))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += [self.axis.tdata.eq(self.i.payload.data), self.axis.tlast.eq(self.i.payload.last),
+                     self.axis.tvalid.eq(self.i.valid), self.i.ready.eq(self.axis.tready)]
+        return m

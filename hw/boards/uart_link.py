@@ -199,10 +199,10 @@ class LinkBridge(wiring.Component):
         Bytes to send.
     axil : In(AXI4LiteSignature(addr_width=8))
         AXI4-Lite manager (connect to the core's ``s_axil``).
-    w0 : In(AXIStreamSignature(64))
-        Weight stream manager (connect to the core's ``s_axis_w0``).
-    out : Out(AXIStreamSignature(32))
-        Output stream subordinate (connect to the core's ``m_axis_out``).
+    w0 : Out(AXIStreamSignature(64))
+        Weight stream, sent (connect to the core's ``s_axis_w0``).
+    out : In(AXIStreamSignature(32))
+        Output stream, received (connect to the core's ``m_axis_out``).
     core_rst : Out(1)
         High for 16 cycles on ``'X'``.
     timeouts : Out(16)
@@ -212,8 +212,8 @@ class LinkBridge(wiring.Component):
     rx: In(stream.Signature(8))
     tx: Out(stream.Signature(8))
     axil: In(AXI4LiteSignature(addr_width=8))
-    w0: In(AXIStreamSignature(64))
-    out: Out(AXIStreamSignature(32))
+    w0: Out(AXIStreamSignature(64))
+    out: In(AXIStreamSignature(32))
     core_rst: Out(1)
     timeouts: Out(16)
 
@@ -223,7 +223,7 @@ class LinkBridge(wiring.Component):
         self._byte_timeout = byte_timeout
         super().__init__()
 
-    def elaborate(self, platform):  # noqa: C901 - one parser FSM, read top to bottom
+    def elaborate(self, platform):
         m = Module()
         bus, w0, out = self.axil, self.w0, self.out
 
@@ -386,8 +386,8 @@ class UARTLink(wiring.Component):
     rx: In(1, init=1)
     tx: Out(1, init=1)
     axil: In(AXI4LiteSignature(addr_width=8))
-    w0: In(AXIStreamSignature(64))
-    out: Out(AXIStreamSignature(32))
+    w0: Out(AXIStreamSignature(64))
+    out: In(AXIStreamSignature(32))
     core_rst: Out(1)
     timeouts: Out(16)
     overflow: Out(1)

@@ -55,8 +55,10 @@ class XilinxShell(wiring.Component):
 
     Attributes
     ----------
-    s_axis_w0 .. : AXIStreamSignature(bus_bits), subordinate (weight channels, as the core's)
-    m_axis_out : AXIStreamSignature(32), manager (output packets)
+    s_axis_w0 .. : In(AXIStreamSignature(bus_bits))
+        Weight channels, received (as the core's).
+    m_axis_out : Out(AXIStreamSignature(32))
+        Output packets, sent.
     s_axil : AXI4LiteSignature(addr_width=8 or 9)
     irq : Out(1)
         The core's interrupt (token done or error).
@@ -83,8 +85,8 @@ class XilinxShell(wiring.Component):
             core.setdefault("image_tlast", platform == "alveo")
             build = BuildParams.from_mapping(core)
         self.core = Accelerator(build)
-        members = {f"s_axis_w{c}": Out(AXIStreamSignature(self.core.bus_bits)) for c in range(self.core.channels)}
-        members["m_axis_out"] = In(AXIStreamSignature(32))
+        members = {f"s_axis_w{c}": In(AXIStreamSignature(self.core.bus_bits)) for c in range(self.core.channels)}
+        members["m_axis_out"] = Out(AXIStreamSignature(32))
         members["s_axil"] = Out(AXI4LiteSignature(addr_width=PLATFORMS[platform]))
         members["irq"] = Out(1)
         members["soft_reset"] = Out(1)

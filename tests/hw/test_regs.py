@@ -53,7 +53,7 @@ def test_id_block_status_counters_and_ctrl():
     seen = {"clear": 0, "abort": 0}
 
     async def watcher(ctx):
-        async for _clk, _rst, clear, abort in ctx.tick().sample(dut.clear, dut.abort):
+        async for _clk, _rst, clear, abort in ctx.tick().sample(dut.host.clear, dut.host.abort):
             seen["clear"] += clear
             seen["abort"] += abort
 
@@ -63,11 +63,11 @@ def test_id_block_status_counters_and_ctrl():
             assert await _read(ctx, bus, off) == val
         assert await _read(ctx, bus, REGISTER_MAP.ID_MAGIC) == int.from_bytes(b"MMFA", "little")
         assert await _read(ctx, bus, REGISTER_MAP.ID_VERSION) == 2   # ISA version 2 (hw.isa.ISA_VERSION)
-        ctx.set(dut.error, 1)
-        ctx.set(dut.busy, 1)
-        ctx.set(dut.error_cause, isa.ErrorCause.INSTR_CRC.value)
-        ctx.set(dut.error_where, 17)
-        ctx.set(dut.counter_cycles, (5 << 32) | 7)
+        ctx.set(dut.host.error, 1)
+        ctx.set(dut.host.busy, 1)
+        ctx.set(dut.host.error_cause, isa.ErrorCause.INSTR_CRC.value)
+        ctx.set(dut.host.error_where, 17)
+        ctx.set(dut.counters.cycles, (5 << 32) | 7)
         assert await _read(ctx, bus, REGISTER_MAP.STATUS) == (Status.BUSY | Status.ERROR).value
         assert await _read(ctx, bus, REGISTER_MAP.ERROR_CAUSE) == isa.ErrorCause.INSTR_CRC.value
         assert await _read(ctx, bus, REGISTER_MAP.ERROR_WHERE) == 17

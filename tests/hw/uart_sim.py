@@ -38,8 +38,8 @@ class LoopbackCore(wiring.Component):
     ``CTRL.clear`` write) and a stream loopback returning each 64-bit beat as two 32-bit words."""
 
     s_axil: Out(AXI4LiteSignature(addr_width=8))        # the same members as hw.top.Accelerator's
-    s_axis_w0: Out(AXIStreamSignature(64))
-    m_axis_out: In(AXIStreamSignature(32))
+    s_axis_w0: In(AXIStreamSignature(64))
+    m_axis_out: Out(AXIStreamSignature(32))
     irq: Out(1)
 
     def elaborate(self, platform):
@@ -47,9 +47,9 @@ class LoopbackCore(wiring.Component):
         m.submodules.regs = regs = RegisterBlock(id_values=ID_VALUES)
         connect(m, flipped(self.s_axil), regs.axil)
         done = Signal()
-        with m.If(regs.clear):
+        with m.If(regs.host.clear):
             m.d.sync += done.eq(1)
-        m.d.comb += [regs.done.eq(done), self.irq.eq(done)]
+        m.d.comb += [regs.host.done.eq(done), self.irq.eq(done)]
         # loopback: beat -> two words
         hold = Signal(64)
         hold_last = Signal()
