@@ -74,6 +74,8 @@ compiled image of that shape.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -84,29 +86,52 @@ from hw.isa import Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 from hw.params import SCHEDULE_OPTIONS, BuildParams
 
 __all__ = [
-    "BuildParams", "Board", "BOARDS", "SCALAR_CYCLES", "RECIP_CYCLES", "CRC_GAP_CYCLES", "QUANT_LATENCY",
-    "EPILOGUE_LATENCY", "GEMV_LATENCY", "DONE_LATENCY", "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters",
-    "schedule", "Step", "stream_efficiency", "roofline", "packing_bits", "MODEL_FIELDS", "instruction_bytes",
-    "header_bytes", "token_packet_bytes", "drain_cycles", "token_prediction",
-    "epilogue_passes", "epilogue_latency", "FOLDED_ENTRY_LATENCY", "FOLDED_PASS_CYCLES",
+    "BuildParams", "Board", "BOARDS", "LATENCY_SOURCES", "latency", "RECIP_CYCLES", "CRC_GAP_CYCLES",
+    "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters", "schedule", "Step", "stream_efficiency", "roofline",
+    "packing_bits", "MODEL_FIELDS", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles",
+    "token_prediction", "epilogue_passes", "epilogue_latency",
 ]
 
-#: the scalar unit per prologue: its command handshake (1) + its latency (hw/scalar.py SCALAR_LATENCY: isqrt of
-#: the 64-bit sum of squares in parallel with 127/A, then a 25-bit division)
-SCALAR_CYCLES = 62
+#: The latencies the cycle model reads, each from the component that has it (as FINN keeps a cycle estimate on
+#: the op that generates the hardware): ``perf.<NAME>`` reads ``<module>:<attribute>`` when first asked, so this
+#: module imports without Amaranth (a board host) and nothing here is a hand copy of a gateware fact.
+LATENCY_SOURCES = {
+    "SCALAR_CYCLES": "hw.scalar:ScalarUnit.CYCLES",            # command transfer + isqrt / 127/A / division (62)
+    "QUANT_LATENCY": "hw.quant:Quantizer.LATENCY",             # quantize pipeline after the last source word (6)
+    "EPILOGUE_LATENCY": "hw.epilogue:PipelinedEpilogue.LATENCY",  # entry + 10 stages per micro-op slot (86)
+    "FOLDED_ENTRY_LATENCY": "hw.epilogue:FoldedEpilogue.LATENCY_BASE",  # folded: entry to the first pass (4)
+    "FOLDED_PASS_CYCLES": "hw.epilogue:FoldedEpilogue.PASS_CYCLES",     # folded: one pass of the ring (11)
+    "GEMV_LATENCY": "hw.gemv:TernaryGemv.BASE_LATENCY",        # after the adder tree's levels (5)
+    "DONE_LATENCY": "hw.epilogue:PipelinedEpilogue.DONE_LATENCY",  # ``done`` after the last element's exit (2)
+    "GEARBOX_CMD_LATENCY": "hw.gearbox:TritGearbox.CMD_LATENCY",   # a command to its first chunk (4)
+}
+
+
+@functools.cache
+def latency(name: str) -> int:
+    """The latency ``name`` (a key of :data:`LATENCY_SOURCES`) read from its component, in core clock cycles.
+
+    Raises
+    ------
+    KeyError
+        For a name the table does not have.
+    ModuleNotFoundError
+        Without Amaranth (the gateware modules need it: ``pip install 'mmfree-fpga[hw]'``).
+    """
+    module, attr = LATENCY_SOURCES[name].split(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return int(obj)
+
+
+def __getattr__(name: str) -> int:  # PEP 562: ``perf.SCALAR_CYCLES`` and the rest, from the components
+    if name in LATENCY_SOURCES:
+        return latency(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 RECIP_CYCLES = 33      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 7
-QUANT_LATENCY = 6      #: quantize prologue pipeline (hw/quant.py)
-#: Epilogue pipeline, element in to element out: entry (6) + 10 stages per micro-op slot (hw/epilogue.py)
-EPILOGUE_LATENCY = 6 + 10 * isa.MAX_OPS
-#: The folded epilogue (hw/epilogue.py ``folded``): entry (6), then one pass of its 11-register ring per
-#: micro-op, ``max(n_ops, 1)`` passes, the element leaving at its last pass's c9 (two cycles before that pass
-#: ends: ``Epilogue.latency_for``); it takes a new element every ``max(n_ops, 1)`` cycles on average
-FOLDED_ENTRY_LATENCY = 6 - 2
-FOLDED_PASS_CYCLES = 11
-#: GEMV engine after the adder tree's ceil(log2(lanes_per_channel)) levels: code read, lane terms,
-#: accumulator, output FIFO (hw/gemv.py ``latency = tree_levels + 5``)
-GEMV_LATENCY = 5
-DONE_LATENCY = 2       #: the epilogue's ``done`` strobe after the last element's exit (hw/epilogue.py: 1-2)
 IMAGE_HEADER_BYTES = isa.layout_bytes(isa.ImageHeader)    #: 64
 INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)    #: 64
 #: The output CRC runs on a registered copy of each word (hw/top.py, ECP5 timing): the trailer's CRC word
@@ -126,9 +151,8 @@ FETCH_CHECK_CYCLES = 2                        #: the fetcher's instruction-heade
 SEQ_DISPATCH_CYCLES = 2                       #: DISPATCH + EXEC
 GEMV_SEQ_CYCLES = 2                           #: GEMV_START + GEMV_DRAIN
 QUANT_CMD_CYCLES = 1
-#: hw/gearbox.py: a command's first chunk 4 cycles after it (compute-bound GEMVs); the last chunk 4-5 cycles
-#: after the block's last data beat (stream-bound: 5 measured on most shapes, 4 on some alignments)
-GEARBOX_CMD_LATENCY = 4
+#: hw/top.py feeding hw/gearbox.py: the last chunk 4-5 cycles after the block's last data beat (stream-bound:
+#: 5 measured on most shapes, 4 on some alignments)
 GEARBOX_STREAM_LATENCY = 5
 #: hw/top.py: channel 0's weight FIFO (amaranth.lib.fifo.SyncFIFOBuffered): a beat written in cycle t can be
 #: read from cycle t + 2
@@ -147,22 +171,27 @@ def _beats(nbytes: int, beat_bytes: int) -> int:
 def epilogue_passes(build: BuildParams, n_ops: int) -> int:
     """Cycles per element of the epilogue at full rate for a program of ``n_ops`` micro-ops: 1 pipelined,
     ``max(n_ops, 1)`` folded (its passes)."""
-    return max(1, min(n_ops, isa.MAX_OPS)) if build.epilogue_folded else 1
+    from hw.epilogue import FoldedEpilogue, PipelinedEpilogue
+
+    return FoldedEpilogue.passes(n_ops) if build.epilogue_folded else PipelinedEpilogue.INTERVAL
 
 
 def epilogue_latency(build: BuildParams, n_ops: int = isa.MAX_OPS) -> int:
     """Epilogue cycles from an element's entry to its exit for a program of ``n_ops`` micro-ops
     (:data:`EPILOGUE_LATENCY` pipelined)."""
-    if build.epilogue_folded:
-        return FOLDED_ENTRY_LATENCY + FOLDED_PASS_CYCLES * epilogue_passes(build, n_ops)
-    return EPILOGUE_LATENCY
+    from hw.epilogue import epilogue_class
+
+    return epilogue_class(build.epilogue_folded).latency_for(n_ops)
 
 
 def drain_cycles(build: BuildParams, n_ops: int = isa.MAX_OPS) -> int:
     """GEMV pipeline (adder tree included) plus epilogue pipeline plus ``done``: cycles from a GEMV's last
     lane cycle to the end of its last epilogue write (``n_ops``: the program's micro-ops, for the folded
     epilogue)."""
-    return GEMV_LATENCY + (build.lanes_per_channel - 1).bit_length() + epilogue_latency(build, n_ops) + DONE_LATENCY
+    from hw.gemv import TernaryGemv
+
+    return (TernaryGemv.latency_for(build.lanes_per_channel) + epilogue_latency(build, n_ops)
+            + latency("DONE_LATENCY"))
 
 
 def _n_ops(ins) -> int:
@@ -337,17 +366,18 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
             codes_at = head_done
         else:
             bank = 1 - tl.bank if build.overlap_prologue else 0   # double-buffered codes
-            qc = math.ceil(ins.k / build.quant_lanes) + QUANT_LATENCY
-            c[Counter.SCALAR_CYCLES] = SCALAR_CYCLES
+            qc = math.ceil(ins.k / build.quant_lanes) + latency("QUANT_LATENCY")
+            c[Counter.SCALAR_CYCLES] = latency("SCALAR_CYCLES")
             c[Counter.QUANT_CYCLES] = qc
             ready = tl.done if (dependent or not build.overlap_prologue) else 0
             pro_start = max(head_done, ready, tl.quant_free, tl.bank_free[bank])
             if build.stream_prologue:
-                codes_at = pro_start + RECIP_CYCLES + QUANT_LATENCY
+                codes_at = pro_start + RECIP_CYCLES + latency("QUANT_LATENCY")
                 ext = max(0, math.ceil(ins.k / build.quant_lanes) - per_row)
                 quant_free = pro_start + RECIP_CYCLES + qc
             else:
-                codes_at = pro_start + SCALAR_CYCLES + qc + (0 if build.overlap_headers else QUANT_CMD_CYCLES)
+                codes_at = (pro_start + latency("SCALAR_CYCLES") + qc
+                            + (0 if build.overlap_headers else QUANT_CMD_CYCLES))
                 quant_free = codes_at
         start = max(codes_at, tl.lanes_free if build.overlap_prologue else tl.done) + (seq // 2)
         passes = epilogue_passes(build, _n_ops(ins))
@@ -369,7 +399,8 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 s_end = start + beats
                 data_beats = _beats(isa.packed_trit_bytes(channel_rows(ins.n, info.channels, ch) * ins.k,
                                                           info.packing), beat)
-                lanes_end = max(start + GEARBOX_CMD_LATENCY + compute, start + data_beats + GEARBOX_STREAM_LATENCY)
+                lanes_end = max(start + latency("GEARBOX_CMD_LATENCY") + compute,
+                                start + data_beats + GEARBOX_STREAM_LATENCY)
                 if ch == 0:
                     # channel 0's block goes into the weight FIFO from the cycle after the dispatch, a beat per
                     # cycle, at most weight_fifo_beats ahead of gearbox 0 (which reads from the cycle after the rows
@@ -403,7 +434,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         else:
             end = start + elements             # read in with the packet (the header time): one element per cycle
         c[Counter.EPILOGUE_ELEMENTS] = ins.n
-        done = end + epilogue_latency(build, _n_ops(ins)) + DONE_LATENCY
+        done = end + epilogue_latency(build, _n_ops(ins)) + latency("DONE_LATENCY")
         new_ch[0] = max(new_ch[0], start + tok)
         tl.lanes_free = done
         tl.qc_free = head_done + 1

@@ -9,11 +9,13 @@ channel counts.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import time
 
 import pytest
 
+from host import perf
 from host.compiler import CompileOptions, InstrPlan, calibrate, compile_model, compile_program, plan_model, plan_shape
 from host.image import channel_rows, parse_image
 from host.model import HGRNBitConfig, random_weights
@@ -25,6 +27,7 @@ from host.perf import (
     FOLDED_ENTRY_LATENCY,
     FOLDED_PASS_CYCLES,
     GEMV_LATENCY,
+    LATENCY_SOURCES,
     QUANT_LATENCY,
     SCALAR_CYCLES,
     SCHEDULE_OPTIONS,
@@ -33,6 +36,7 @@ from host.perf import (
     epilogue_latency,
     epilogue_passes,
     instruction_bytes,
+    latency,
     roofline,
     schedule,
     stream_efficiency,
@@ -300,26 +304,28 @@ def test_drain_and_shape_validation():
     assert isinstance(plan_shape(8, 8, 1, 8).instructions[0], InstrPlan)
 
 
-def test_latencies_match_the_rtl_components():
-    """The model's latencies are those of the gateware components (skipped while one is not written)."""
-    gemv = pytest.importorskip("hw.gemv", reason="hw/gemv.py not written yet")
-    epilogue = pytest.importorskip("hw.epilogue", reason="hw/epilogue.py not written yet")
-    scalar = pytest.importorskip("hw.scalar", reason="hw/scalar.py not written yet")
-    quant = pytest.importorskip("hw.quant", reason="hw/quant.py not written yet")
-    from hw.isa import MAX_OPS
+def test_latencies_are_read_from_the_components():
+    """Each latency of the cycle model is its component's attribute (host.perf.LATENCY_SOURCES, no copy), and an
+    elaborated component reports the same figure as the class attribute the model reads."""
+    from hw import epilogue, gemv, quant, scalar
 
+    for name, source in LATENCY_SOURCES.items():
+        module, attr = source.split(":")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        assert isinstance(obj, int) and getattr(perf, name) == latency(name) == obj, name
     for lanes in (4, 64, 256):
         b = BuildParams(lanes=lanes)
         assert gemv.TernaryGemv(lanes=lanes).latency + EPILOGUE_LATENCY + DONE_LATENCY == drain_cycles(b)
-    assert EPILOGUE_LATENCY == epilogue.ENTRY_LATENCY + MAX_OPS * epilogue.STAGE_LATENCY
     folded = BuildParams(epilogue_folded=True)
     for n_ops in (0, 1, 4, 7, 8):
         assert epilogue_latency(folded, n_ops) == epilogue.Epilogue(folded=True).latency_for(n_ops)
         assert epilogue_latency(BuildParams(), n_ops) == epilogue.Epilogue().latency_for(n_ops)
-    assert scalar.SCALAR_LATENCY <= SCALAR_CYCLES
-    assert quant.QUANT_LATENCY == QUANT_LATENCY
-    top = pytest.importorskip("hw.top", reason="hw/top.py does not import")
-    assert BuildParams().weight_fifo_beats == top.WEIGHT_FIFO_BEATS   # the default build's channel-0 weight FIFO
+    assert scalar.ScalarUnit().latency + 1 == SCALAR_CYCLES
+    assert quant.Quantizer(quant_lanes=8, lanes=64, max_k=512).latency == QUANT_LATENCY
+    with pytest.raises(KeyError):
+        latency("NO_SUCH_LATENCY")
 
 
 @pytest.mark.parametrize("kw,match", [
