@@ -210,8 +210,9 @@ def _print_cycles(device: Any) -> None:
         print(f"[{counters['hw_cycles'] / tokens:,.0f} cycles/token (cycle model), device {device.name}]",
               file=sys.stderr)
         return
-    print(f"[{rep['measured']:,.0f} cycles/token (hardware counters), cycle model {rep['predicted']:,} "
-          f"({rep['measured'] / rep['predicted'] - 1:+.2%}), roofline {rep['ideal']:,.0f} "
+    model = ("" if rep["predicted"] is None else
+             f", cycle model {rep['predicted']:,} ({rep['measured'] / rep['predicted'] - 1:+.2%})")
+    print(f"[{rep['measured']:,.0f} cycles/token (hardware counters){model}, roofline {rep['ideal']:,.0f} "
           f"(stream efficiency {rep['stream_efficiency']:.1%}), device {device.name}]", file=sys.stderr)
 
 
