@@ -76,11 +76,11 @@ test: $(DEV_STAMP)
 test-all: $(DEV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The cocotb regression of hw/ (sim/): Verilog and simulator builds are cached per parameter set and hw/
-# source in sim_build/. SIM=icarus needs iverilog on PATH. PYTEST_ARGS='-m "sim and not slow"' is the
-# quick subset.
+# The cocotb regression of hw/ (sim/) and the RTL device's sim-marked tests (the contract, a bundle on the
+# Verilated core): Verilog and simulator builds are cached per parameter set and hw/ source in sim_build/.
+# SIM=icarus needs iverilog on PATH. PYTEST_ARGS='-m "sim and not slow"' is the quick subset.
 sim: $(DEV_STAMP)
-	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ tests/test_rtl_device.py tests/test_contract.py $(PYTEST_ARGS)
+	SIM=$(SIM) $(BIN)/python -m pytest -m sim sim/ tests/test_rtl_device.py tests/test_contract.py tests/test_board_path.py $(PYTEST_ARGS)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check host hw tests scripts bench sim

@@ -133,7 +133,7 @@ class EngineDevice:
         return out
 
     def step(self, token_id: int) -> np.ndarray:
-        from host.devices.golden import parse_output_packet
+        from host.protocol import parse_output_packet
 
         out = self.run_packet(self.golden.token_packet(int(token_id), self.position))
         self.position += 1

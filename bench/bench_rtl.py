@@ -132,7 +132,8 @@ def side_by_side(rtl, versus: Path, ids: list[int], rounds: int) -> dict:
     parameters, e.g. built from an earlier revision), in alternation on the same machine: ``rounds`` times
     each, every round a reset then ``ids`` at positions 0, 1, ...; the two must return identical output packets.
     The rates of one round are CPU-time rates (other processes dilute them less than wall-clock rates)."""
-    from host.devices.rtl import Harness, channel_streams
+    from host.devices.rtl import Harness
+    from host.protocol import channel_streams
 
     packets = [rtl.token_packet(t, pos) for pos, t in enumerate(ids)]
     other = Harness(versus, channel_streams(rtl.image, rtl.build.channels))
@@ -218,7 +219,7 @@ def bench_build(checkpoint, lanes: int, bus_bits: int, n_tokens: int, ids: list[
         predicted = int(rtl.prediction[Counter.CYCLES])
         bp = rtl.build
         return {
-            "build": {**build, **{k: rtl.params[k] for k in ("max_hidden", "max_intermediate", "max_layers")},
+            "build": {**build, **{k: getattr(rtl.params, k) for k in ("max_hidden", "max_intermediate", "max_layers")},
                       "packing": "base3"},
             "harness_build": rtl.build_info, "load_seconds": round(load_s, 2),
             "speed": {"tokens": len(runs), "sim_cycles": sim, "wall_s": wall, "cpu_s": cpu,
@@ -424,8 +425,8 @@ def bench_amaranth(checkpoint, lanes: int, bus_bits: int, cycles: int) -> dict:
     from amaranth.sim import Simulator
 
     from host.compiler import CompileOptions, compile_model
-    from host.devices.golden import make_token_packet
     from host.image import parse_image
+    from host.protocol import make_token_packet
     from hw import numerics as nx
     from hw.params import BuildParams
     from hw.top import Accelerator

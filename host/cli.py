@@ -342,15 +342,32 @@ def _device_options(pairs: list[str] | None) -> dict:
     return out
 
 
-def _board_options(device: str, board: str, options: dict) -> dict:
+def _board_options(device: str, board: str, options: dict, image: Path | None = None) -> dict:
     """Device options of ``bench`` and ``power``: the golden device models ``board``'s design point
     (:attr:`hw.boards.facts.BoardFacts.design`: lanes, channels, bus width, quantize lanes, clock) unless
-    ``--option`` sets a parameter; other devices report their own build."""
+    ``--option`` sets a parameter; other devices report their own build.
+
+    Raises
+    ------
+    ValueError
+        The bundle ``image`` (``--image``) is compiled for another channel count than the design point's (that
+        board could not run it) and ``--option channels`` does not choose one.
+    """
     from hw.boards.facts import BOARDS
 
     if device != "golden" or board not in BOARDS:
         return options
-    return {**BOARDS[board].design.build_params(), **options}
+    out = {**BOARDS[board].design.device_kwargs(), **options}
+    if image is not None and "channels" not in options:
+        from host.bundle import read_bundle
+        from hw import isa
+
+        have = isa.unpack(isa.ImageHeader, read_bundle(image).image).channels
+        if have != out["channels"]:
+            raise ValueError(f"board {board}'s design point has {out['channels']} weight channel(s), {image} is "
+                             f"compiled for {have}: compile it for the board (mmfree compile --channels "
+                             f"{out['channels']} --out FILE.mmf), or model {have} (--option channels={have})")
+    return out
 
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
@@ -390,7 +407,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--fmax-mhz must be positive, not {args.fmax_mhz}")
     if args.tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
-    options = _board_options(args.device, args.board, _device_options(args.option))
+    options = _board_options(args.device, args.board, _device_options(args.option), args.image)
     with open_device(args.device, **options) as device:
         checkpoint = _load_model(args)
         rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
@@ -440,8 +457,8 @@ def _cmd_power(args: argparse.Namespace) -> int:
     try:
         board = get_board(args.board)
         kind, _ = parse_spec(args.source)
-        with open_device(args.device, **_board_options(args.device, board.key, _device_options(args.option))) \
-                as device:
+        options = _board_options(args.device, board.key, _device_options(args.option), args.image)
+        with open_device(args.device, **options) as device:
             source = make_source(args.source, board, device=device, i2c_bus=args.i2c_bus,
                                  i2c_address=args.i2c_address, i2c_force=args.i2c_force, xrt_device=xrt_device,
                                  csv_offset_s=args.csv_offset, static_w=args.static_w)

@@ -80,6 +80,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from host.protocol import token_packet_bytes
 from hw import isa
 from hw.boards import facts as _facts
 from hw.isa import Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
@@ -88,7 +89,7 @@ from hw.params import SCHEDULE_OPTIONS, BuildParams
 __all__ = [
     "BuildParams", "Board", "BOARDS", "LATENCY_SOURCES", "latency", "RECIP_CYCLES", "CRC_GAP_CYCLES",
     "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters", "schedule", "Step", "stream_efficiency", "roofline",
-    "packing_bits", "MODEL_FIELDS", "instruction_bytes", "header_bytes", "token_packet_bytes", "drain_cycles",
+    "packing_bits", "MODEL_FIELDS", "instruction_bytes", "header_bytes", "drain_cycles",
     "token_prediction", "epilogue_passes", "epilogue_latency",
 ]
 
@@ -247,12 +248,6 @@ def instruction_bytes(ins, packing: TritPacking, channels: int) -> int:
     if ins.opcode is Opcode.GEMV:
         total += sum(channel_block_bytes(ins.n, ins.k, channels, packing))
     return total
-
-
-def token_packet_bytes(hidden: int) -> int:
-    """Bytes of a token packet: 16-byte header, ``hidden`` words, CRC word, padded to 64-byte sections."""
-    n = isa.layout_bytes(isa.TokenHeader) + 4 * hidden + 4
-    return n + isa.section_pad(n)
 
 
 # ------------------------------------------------------------------------------------------- schedule

@@ -121,8 +121,8 @@ def _model(checkpoint: Any) -> Any:
 
 
 def build_params_of(device: Device):
-    """The :class:`host.perf.BuildParams` a device runs (golden/rtl: their own; boards: the ID block)."""
-    from host.perf import BuildParams
+    """The :class:`hw.params.BuildParams` a device runs (golden/rtl: their own; boards: the ID block)."""
+    from hw.params import BuildParams
 
     b = getattr(device, "build", None)
     if isinstance(b, BuildParams):
@@ -204,7 +204,7 @@ def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv
         from hw.isa import Opcode
 
         trits = sum(i.n * i.k for i in img.instructions if i.opcode is Opcode.GEMV)
-        rl = roofline(ib, trits, bp.__class__(**{**bp.as_dict(), "fmax_mhz": fmax}), bd)
+        rl = roofline(ib, trits, bp.replace(fmax_mhz=fmax), bd)
         out.update({"image_bytes": ib, "trits": trits, "achieved_gbs": ib * out["tokens_per_s"] / 1e9,
                     "roofline": rl, "pct_of_roofline_wall": 100.0 * out["tokens_per_s"] / rl["bound"]})
     n = after.get("hw_tokens", 0) - before.get("hw_tokens", 0)

@@ -25,10 +25,10 @@ import numpy as np
 from host.devices.board import SOFT_RESET
 from host.devices.golden import GoldenMachine
 from host.image import ImageError
-from host.perf import BuildParams
 from host.protocol import make_output_packet, merge_streams, parse_output_packet, token_packet_bytes
 from hw import isa
 from hw.isa import Counter, Ctrl, ErrorCause, Status, TritPacking
+from hw.params import BuildParams
 
 R = isa.REGISTER_MAP
 
@@ -48,10 +48,10 @@ class FakeCore:
 
     def __init__(self, *, lanes=64, channels=2, bus_bits=64, quant_lanes=8, packing=TritPacking.BASE3,
                  max_hidden=1024, max_intermediate=2816, max_layers=32, base=0, faults: Faults | None = None):
-        self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes)
-        self.id = isa.id_block_values(lanes=lanes, channels=channels, bus_bits=bus_bits, packings=[packing],
-                                      quant_lanes=quant_lanes, max_hidden=max_hidden,
-                                      max_intermediate=max_intermediate, max_layers=max_layers)
+        self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
+                                 packing=packing, max_hidden=max_hidden, max_intermediate=max_intermediate,
+                                 max_layers=max_layers)
+        self.id = self.build.id_values()
         self.base = base
         self.faults = faults or Faults()
         self.channels = channels

@@ -385,6 +385,34 @@ def test_compile_out_mmf_writes_a_bundle(monkeypatch, capsys, tmp_path):
     assert "-> " + str(out) in capsys.readouterr().err
 
 
+def test_golden_runs_a_bundle_as_compiled_without_options(monkeypatch, capsys, tmp_path):
+    """``generate --image`` on the default golden device takes the bundle's channel count and packing; ``bench``
+    models a board's design point, so a bundle of another channel count is an error that names the fix."""
+    from hw.boards.facts import BOARDS
+
+    monkeypatch.setattr(cli, "_load_checkpoint", lambda path: tiny_checkpoint())
+    one, two = tmp_path / "one.mmf", tmp_path / "two.mmf"
+    assert cli.main(["compile", "--out", str(one)]) == 0
+    assert cli.main(["compile", "--out", str(two), "--channels", "2", "--packing", "bits2"]) == 0
+    capsys.readouterr()
+    args = ["--prompt", "def parse", "--max-new-tokens", "4", "--temperature", "0"]
+    assert cli.main(["generate", "--image", str(one), *args]) == 0
+    want = capsys.readouterr().out
+    assert cli.main(["generate", "--image", str(two), *args]) == 0
+    assert capsys.readouterr().out == want
+    assert cli.main(["generate", "--image", str(two), "--option", "channels=1", *args]) == 2
+    assert "compiled for channels=2, the device is set to channels=1" in _error_line(capsys)
+
+    design = BOARDS["kv260"].design.channels
+    assert design != 1
+    assert cli.main(["bench", "--image", str(one), "--board", "kv260", "--tokens", "1"]) == 2
+    line = _error_line(capsys)
+    assert f"design point has {design} weight channel(s)" in line and f"mmfree compile --channels {design}" in line
+    assert cli.main(["bench", "--image", str(one), "--board", "kv260", "--tokens", "1", "--option",
+                     "channels=1"]) == 0
+    assert json.loads(capsys.readouterr().out)["build"]["channels"] == 1
+
+
 def test_compile_out_is_a_directory_leaves_nothing(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "_load_checkpoint", lambda path: tiny_checkpoint(tokenizer=False))
     target = tmp_path / "dir"

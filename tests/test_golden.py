@@ -16,6 +16,7 @@ from host.protocol import make_token_packet, parse_output_packet
 from host.reference import ReferenceModel
 from hw import numerics as nx
 from hw.isa import Counter, TritPacking
+from hw.params import BuildParams
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "hgrn-bit-pydoc"
@@ -65,8 +66,6 @@ def test_packing_and_channels_do_not_change_a_bit(tiny, packing, channels):
     ids = [5, 0, 100, 42, 42, 7]
     base, s0 = _run(GoldenMachine(compile_model(w, CompileOptions(formats=fm))), _packets(w, fm, ids))
     img = compile_model(w, CompileOptions(formats=fm, packing=packing, channels=channels))
-    from host.perf import BuildParams
-
     outs, s1 = _run(GoldenMachine(img, BuildParams(lanes=6 * channels, channels=channels)), _packets(w, fm, ids))
     assert outs == base and np.array_equal(s0, s1)
 
@@ -135,6 +134,45 @@ def test_uniform_formats_also_run(tiny):
     assert m.info.residual_frac == nx.RESIDUAL_FRAC and m.info.state_frac == nx.STATE_FRAC
     out, _ = _run(m, [make_token_packet(nx.to_fixed(w.embeddings[1], nx.RESIDUAL_FRAC))])
     assert parse_output_packet(out[0]).logits_acc.size == TINY.vocab_size
+
+
+def test_a_bundle_sets_channels_and_packing_unless_the_device_does(tiny, tmp_path):
+    """GoldenDevice() runs a bundle as compiled (its channel count and packing become the build's, whose cycles
+    the model predicts); a channel count or packing set on the device must be the bundle's."""
+    from host.bundle import write_bundle
+    from host.devices.base import DeviceError
+
+    w, fm = tiny
+
+    def bundle(name, **kw):
+        image = compile_model(w, CompileOptions(formats=fm, **kw))
+        return write_bundle(tmp_path / name, image, config=TINY, embeddings=w.embeddings)
+
+    one, two = bundle("one.mmf"), bundle("two.mmf", channels=2, packing=TritPacking.BITS2)
+    a, b = GoldenDevice(), GoldenDevice()
+    a.load_image(one)
+    b.load_image(two)
+    assert (a.build.channels, a.build.packing) == (1, TritPacking.BASE3)
+    assert (b.build.channels, b.build.packing) == (2, TritPacking.BITS2)
+    assert b.timing.build is b.build and b.build.lanes == 64          # the rest of the build as constructed
+    for t in (3, 0, 42):
+        assert np.array_equal(a.step(t).view(np.uint32), b.step(t).view(np.uint32))
+    b.load(w)                           # a checkpoint compiles as set (unset: 1 channel, base3); the build follows
+    assert (b.build.channels, b.build.packing) == (1, TritPacking.BASE3)
+
+    with pytest.raises(DeviceError, match="compiled for channels=2, the device is set to channels=1"):
+        GoldenDevice(channels=1).load_image(two)
+    bad = GoldenDevice(packing="base3")
+    with pytest.raises(DeviceError, match="compiled for packing=bits2, the device is set to packing=base3"):
+        bad.load_image(two)
+    assert not bad.loaded
+    GoldenDevice(channels=2, packing="bits2").load_image(two)       # as set: runs
+    three = bundle("three.mmf", channels=3)
+    with pytest.raises(DeviceError, match=r"multiple of 3 \(--option lanes=N\)"):
+        GoldenDevice().load_image(three)                            # 64 lanes do not split over 3 channels
+    c = GoldenDevice(lanes=48)
+    c.load_image(three)
+    assert c.build.channels == 3
 
 
 # ------------------------------------------------------------------------------ accuracy targets

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from host.compiler import CompileOptions, calibrate, compile_model
-from host.devices.golden import GoldenMachine, make_token_packet
+from host.devices.golden import GoldenMachine
 from host.devices.golden_engine import (
     GoldenEngine,
     build_table,
@@ -25,9 +25,10 @@ from host.devices.golden_engine import (
     scalar_scales,
 )
 from host.model import HGRNBitConfig, random_weights
-from host.perf import BuildParams
+from host.protocol import make_token_packet
 from hw import numerics as nx
 from hw.isa import TritPacking
+from hw.params import BuildParams
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "hgrn-bit-pydoc"

@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 
 from host.compiler import CompileOptions, Formats, calibrate, compile_model, compile_program
 from host.devices import golden
-from host.devices.golden import GoldenMachine, _kernels, make_token_packet, parse_output_packet
+from host.devices.golden import GoldenMachine, _kernels
 from host.image import ImageError, Instruction, MicroOpSpec, assemble, channel_rows, parse_image
 from host.model import HGRNBitConfig, random_weights
+from host.protocol import make_token_packet, parse_output_packet
 from hw import isa
 from hw import numerics as nx
 from hw.isa import (

@@ -31,7 +31,6 @@ from host.perf import (
     QUANT_LATENCY,
     SCALAR_CYCLES,
     SCHEDULE_OPTIONS,
-    BuildParams,
     drain_cycles,
     epilogue_latency,
     epilogue_passes,
@@ -41,10 +40,11 @@ from host.perf import (
     schedule,
     stream_efficiency,
     token_counters,
-    token_packet_bytes,
     token_prediction,
 )
+from host.protocol import token_packet_bytes
 from hw.isa import Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
+from hw.params import BuildParams
 
 # odd sizes: rows split unevenly over channels, trit counts not multiples of 5 or 4
 SMALL = HGRNBitConfig(vocab_size=101, hidden_size=38, num_hidden_layers=3, intermediate_size=54)

@@ -10,7 +10,7 @@ was. Packets are :mod:`host.protocol`'s.
 Activity counts (trits, non-zero trits, epilogue elements, instructions, tokens, stream and output bytes)
 are the oracle's, exact and independent of any build. Cycle counters (``CYCLES``, stalls, beats...) belong to
 a build: :class:`CycleModel`, beside the oracle, predicts them with the cycle model of :mod:`host.perf` for a
-:class:`~host.perf.BuildParams`; :class:`GoldenDevice` reports both, as the hardware's counters.
+:class:`~hw.params.BuildParams`; :class:`GoldenDevice` reports both, as the hardware's counters.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from host.devices.base import Device
+from host.devices.base import Device, DeviceError
 from host.image import (
     BuildLimits,
     ImageError,
@@ -40,22 +40,16 @@ from host.protocol import (
     check_token_packet,
     embedding_packet,
     make_output_packet,
-    make_token_packet,
     parse_output_packet,
     token_packet_bytes,
 )
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Buffer, Counter, ErrorCause, InstrFlags, MicroOpcode, Opcode
-
-if TYPE_CHECKING:
-    from host.perf import BuildParams
+from hw.params import BuildParams
 
 __all__ = ["GoldenMachine", "TokenResult", "GoldenDevice", "CycleModel", "ACTIVITY_COUNTERS", "run_stream",
-           "StreamOutcome",
-           # the packets are host.protocol's; these three stay importable from here for the callers outside the
-           # host runtime (tests/hw, tests/test_isa.py, tests/test_golden_engine.py, bench/, golden_engine.py)
-           "make_token_packet", "make_output_packet", "parse_output_packet"]
+           "StreamOutcome"]
 
 #: The counters the oracle counts exactly (the work done); the others are the cycle model's (:class:`CycleModel`).
 ACTIVITY_COUNTERS = (Counter.TRITS, Counter.NONZERO_TRITS, Counter.EPILOGUE_ELEMENTS, Counter.INSTRUCTIONS,
@@ -569,35 +563,52 @@ class GoldenDevice(Device):
 
     Parameters
     ----------
-    packing : str or TritPacking
-        ``"base3"`` (default) or ``"bits2"``.
-    channels, lanes, bus_bits, quant_lanes, fmax_mhz, epilogue_folded
-        Build parameters whose cycle counters are predicted (:class:`host.perf.BuildParams`, by the
+    packing : str or TritPacking, optional
+        ``"base3"`` or ``"bits2"``: how :meth:`load` compiles a checkpoint, and the only packing a bundle may
+        have. Unset (None): a checkpoint compiles ``base3``, a bundle runs with its own.
+    channels : int, optional
+        Weight channels, likewise: unset, a checkpoint compiles for 1 and a bundle runs with its own.
+    lanes, bus_bits, quant_lanes, fmax_mhz, epilogue_folded
+        The rest of the build whose cycle counters are predicted (:class:`hw.params.BuildParams`, by the
         :class:`CycleModel` beside the oracle).
     output_gate : {"released", "paper"}
     engine : bool, default True
         Tokens run by the compiled whole-token engine (:mod:`host.devices.golden_engine`), bit-identical to
         the interpreter (``engine=False``, ``--option engine=false``).
+
+    Attributes
+    ----------
+    build : BuildParams
+        The build whose cycles are predicted: after a load, its channel count and packing are the image's.
+    options : host.compiler.CompileOptions
+        How :meth:`load` compiles a checkpoint.
+
+    Raises
+    ------
+    ValueError
+        On a bad build parameter or packing.
+    DeviceError
+        From :meth:`load_image`: a bundle of another channel count or packing than the one set, or one whose
+        channel count does not divide ``lanes``.
     """
 
     name = "golden"
 
-    def __init__(self, *, packing: str | isa.TritPacking = "base3", channels: int = 1, lanes: int = 64,
-                 bus_bits: int = 64, quant_lanes: int = 8, fmax_mhz: float = 100.0,
+    def __init__(self, *, packing: str | isa.TritPacking | None = None, channels: int | None = None,
+                 lanes: int = 64, bus_bits: int = 64, quant_lanes: int = 8, fmax_mhz: float = 100.0,
                  output_gate: str = "released", epilogue_folded: bool = False, engine: bool = True) -> None:
         super().__init__()
         self.engine = bool(engine)
-        if isinstance(packing, str):
-            try:
-                packing = isa.TritPacking[packing.upper()]
-            except KeyError:
-                raise ValueError(f"packing must be 'base3' or 'bits2', got {packing!r}") from None
         from host.compiler import CompileOptions
-        from host.perf import BuildParams
 
-        self.options = CompileOptions(packing=packing, channels=channels, output_gate=output_gate)
-        self.build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
+        self.build = BuildParams(lanes=lanes, channels=1 if channels is None else channels, bus_bits=bus_bits,
+                                 quant_lanes=quant_lanes, packing="base3" if packing is None else packing,
                                  fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
+        #: what the user set (a bundle must match it); the rest follows the loaded image
+        self._fixed = {"channels": None if channels is None else self.build.channels,
+                       "packing": None if packing is None else self.build.packing}
+        self.options = CompileOptions(packing=self.build.packing, channels=self.build.channels,
+                                      output_gate=output_gate)
         self.machine: GoldenMachine | None = None
         self.timing: CycleModel | None = None
         self._state: np.ndarray | None = None
@@ -615,12 +626,28 @@ class GoldenDevice(Device):
 
     def _take(self, image: bytes, embeddings: np.ndarray, convert: bool | None) -> None:
         machine = GoldenMachine(image, engine=self.engine)
-        self.timing = CycleModel(machine.image, self.build)
-        self.machine = machine
+        build = self._build_for(machine.info)
+        self.timing = CycleModel(machine.image, build)
+        self.machine, self.build = machine, build
         self._emb = embeddings
         # float rows are converted per token; a bundle's fixed-point rows are carried as they are
         self._frac = machine.info.residual_frac if convert is None else None
         self._reset()
+
+    def _build_for(self, info) -> BuildParams:
+        """The build for an image: its channel count and packing, which must be the ones set (if any)."""
+        have = {"channels": info.channels, "packing": info.packing}
+        for name, want in self._fixed.items():
+            if want is not None and want != have[name]:
+                shown = [v.name.lower() if isinstance(v, isa.TritPacking) else v for v in (have[name], want)]
+                raise DeviceError(f"device 'golden': the image is compiled for {name}={shown[0]}, the device is "
+                                  f"set to {name}={shown[1]}: recompile it, or leave {name} unset to run the "
+                                  "image's")
+        try:
+            return self.build.replace(**have)
+        except ValueError as exc:
+            raise DeviceError(f"device 'golden': {exc}: set lanes to a multiple of {info.channels} "
+                              "(--option lanes=N)") from exc
 
     def _reset(self) -> None:
         self._state = self.machine.init_state()

@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from host.image import ParsedImage, channel_rows
+from host.protocol import make_output_packet
 from hw import isa
 from hw import numerics as nx
 from hw.isa import Buffer, InstrFlags, MicroOpcode, Opcode
@@ -663,14 +664,12 @@ class GoldenEngine:
         Returns
         -------
         output : bytes
-            The output packet (:func:`host.devices.golden.make_output_packet`).
+            The output packet (:func:`host.protocol.make_output_packet`).
         state : ndarray, int64 [L, H]
             The new state.
         """
         out = self.run_raw(token, state)
         acc = out["logits"] if (flags & 1) else np.zeros(0, np.int64)
-        from host.devices.golden import make_output_packet
-
         packet = make_output_packet(acc, position=position, argmax=out["argmax"], max_acc=out["max_acc"],
                                     scale_mant=out["scale_mant"], scale_shift=out["scale_shift"])
         return packet, out["state"]

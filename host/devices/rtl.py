@@ -58,14 +58,12 @@ from pathlib import Path
 from host.devices.base import DeviceError
 from host.devices.driver import AcceleratorDevice, Delivery
 from host.image import ImageInfo
-from host.perf import BuildParams, token_counters
-from host.protocol import CoreError, DeviceTimeout, IdBlock, channel_streams, check_id_block
-from hw import isa
+from host.perf import token_counters
+from host.protocol import CoreError, DeviceTimeout, IdBlock, check_id_block
 from hw.isa import Counter, TritPacking
+from hw.params import BuildParams
 
-__all__ = ["RtlDevice", "RtlTransport", "TokenRun", "Harness", "HarnessTimeout",
-           # host.protocol's; stays importable from here for bench/bench_rtl.py until it imports host.protocol
-           "channel_streams"]
+__all__ = ["RtlDevice", "RtlTransport", "TokenRun", "Harness", "HarnessTimeout"]
 
 _COUNTERS = list(Counter)
 
@@ -119,7 +117,7 @@ class Harness:
     exe : Path
         The executable of :func:`host.devices.rtl_harness.build_harness`.
     streams : sequence of bytes
-        One byte stream per channel (:func:`channel_streams`).
+        One byte stream per channel (:func:`host.protocol.channel_streams`).
     hang_cycles : int
         Cycles without any stream transfer after which a token is a timeout.
     fst : Path, optional
@@ -203,7 +201,7 @@ class Harness:
         Parameters
         ----------
         packet : bytes
-            A token packet (:func:`host.devices.golden.make_token_packet`).
+            A token packet (:func:`host.protocol.make_token_packet`).
         dump : bool
             Write a waveform of this token (trace builds only; FST or VCD as built).
         profile : bool
@@ -295,7 +293,8 @@ class RtlTransport:
     Parameters
     ----------
     params : callable
-        ``params(info) -> dict``: the ``hw.top.Accelerator`` parameters of a core for an image of this shape.
+        ``params(info) -> BuildParams``: the build (:class:`hw.params.BuildParams`) of a core for an image of this
+        shape.
     waveform_token, waveform_path, hang_cycles, progress
         As :class:`RtlDevice`.
     """
@@ -311,7 +310,7 @@ class RtlTransport:
         self.progress = progress
         self.profile = False
         self.harness: Harness | None = None
-        self.params: dict | None = None
+        self.params: BuildParams | None = None
         self.build_info: dict | None = None
         self.executable: Path | None = None
         self.last: TokenRun | None = None
@@ -345,20 +344,14 @@ class RtlTransport:
             fst.parent.mkdir(parents=True, exist_ok=True)
             self.waveform_path = fst
         # one empty beat per channel until the image is staged ('I')
-        blank = [bytes(params["bus_bits"] // 8)] * params["channels"]
+        blank = [bytes(params.beat_bytes)] * params.channels
         self.harness = Harness(exe, blank, hang_cycles=self.hang_cycles, fst=fst)
         self.params, self.build_info, self.executable = params, build_info, exe
         self._dumped = False
 
     def check_ident(self, ident: IdBlock) -> None:
-        """The ID block must be exactly what ``hw.top.Accelerator.id_values()`` reports for the parameters."""
-        p = self.params
-        want = isa.id_block_values(lanes=p["lanes"], channels=p["channels"], bus_bits=p["bus_bits"],
-                                   packings=[TritPacking(p["packing"])], quant_lanes=p["quant_lanes"],
-                                   max_hidden=p["max_hidden"], max_intermediate=p["max_intermediate"],
-                                   max_layers=p["max_layers"], max_vocab=isa.MAX_VOCAB,
-                                   epilogue_folded=bool(p.get("epilogue_folded", False)))
-        check_id_block(ident, "rtl", expect=want)
+        """The ID block must be exactly what the build reports (:meth:`hw.params.BuildParams.id_values`)."""
+        check_id_block(ident, "rtl", expect=self.params.id_values())
 
     def read(self, offset: int) -> int:
         return self.harness.read(offset)
@@ -429,7 +422,8 @@ class RtlDevice(AcceleratorDevice):
     Attributes
     ----------
     build : BuildParams
-        The build (for the cycle model).
+        The build as set (:class:`hw.params.BuildParams`; the cycle model's); the core is built from
+        :meth:`accelerator_params` (this build with the loaded model's buffer capacities, :attr:`params`).
     last : TokenRun or None
         The last token's harness report.
     build_info : dict or None
@@ -452,11 +446,6 @@ class RtlDevice(AcceleratorDevice):
                  waveform_token: int | None = None, waveform_path: str | Path | None = None,
                  hang_cycles: int = 100_000, fmax_mhz: float = 100.0, progress: bool = True,
                  epilogue_folded: bool = False) -> None:
-        if isinstance(packing, str):
-            try:
-                packing = TritPacking[packing.upper()]
-            except KeyError:
-                raise ValueError(f"packing must be 'base3' or 'bits2', got {packing!r}") from None
         from host.compiler import CompileOptions
 
         for nm, v, lo in (("max_hidden", max_hidden, 1), ("max_intermediate", max_intermediate, 1),
@@ -468,11 +457,11 @@ class RtlDevice(AcceleratorDevice):
                              f"{max_layers}")
         if not isinstance(hang_cycles, int) or hang_cycles < 1000:
             raise ValueError(f"hang_cycles must be an integer >= 1000, got {hang_cycles!r}")
-        self.options = CompileOptions(packing=TritPacking(packing), channels=channels, output_gate=output_gate)
-        # validates lanes/channels/bus_bits/quant_lanes the way the cycle model does; the Accelerator
-        # checks the rest (lanes per channel 4-256, power-of-two quant_lanes) when it is built
+        # validates the sizes and the packing; the gateware's limits (lanes per channel 4-256, power-of-two
+        # quant_lanes) are checked when the core is built (BuildParams.check_gateware)
         self._build = BuildParams(lanes=lanes, channels=channels, bus_bits=bus_bits, quant_lanes=quant_lanes,
-                                  fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
+                                  packing=packing, fmax_mhz=fmax_mhz, epilogue_folded=epilogue_folded)
+        self.options = CompileOptions(packing=self._build.packing, channels=channels, output_gate=output_gate)
         self._caps = {"max_hidden": max_hidden, "max_intermediate": max_intermediate, "max_layers": max_layers}
         transport = RtlTransport(lambda info: self.accelerator_params(info.hidden, info.intermediate, info.n_layers),
                                  waveform_token=waveform_token,
@@ -485,7 +474,8 @@ class RtlDevice(AcceleratorDevice):
     # ------------------------------------------------------------------ the transport's state, by name
     harness = property(lambda self: self.transport.harness, doc="The running :class:`Harness` (or None).")
     last = property(lambda self: self.transport.last, doc="The last token's :class:`TokenRun`.")
-    params = property(lambda self: self.transport.params, doc="The ``hw.top.Accelerator`` parameters built.")
+    params = property(lambda self: self.transport.params,
+                      doc="The :class:`~hw.params.BuildParams` the running core was built from (capacities included).")
     build_info = property(lambda self: self.transport.build_info, doc="The harness build record.")
     executable = property(lambda self: self.transport.executable, doc="The harness executable.")
     waveform_token = property(lambda self: self.transport.waveform_token)
@@ -494,7 +484,7 @@ class RtlDevice(AcceleratorDevice):
 
     @property
     def build(self) -> BuildParams:
-        """The build (for the cycle model)."""
+        """The build as set (the driver's ``build`` is the ID block's fields; this device knows its build)."""
         return self._build
 
     @property
@@ -506,8 +496,9 @@ class RtlDevice(AcceleratorDevice):
         self.transport.profile = bool(on)
 
     # ------------------------------------------------------------------ build
-    def accelerator_params(self, hidden: int, intermediate: int, n_layers: int) -> dict:
-        """``hw.top.Accelerator`` parameters for a model of this shape (the capacities default to it).
+    def accelerator_params(self, hidden: int, intermediate: int, n_layers: int) -> BuildParams:
+        """The core's build for a model of this shape: :attr:`build` with its buffer capacities (``max_hidden``,
+        ``max_intermediate``, ``max_layers``) as given, or else the model's (layers rounded up to a power of two).
 
         Raises
         ------
@@ -524,16 +515,14 @@ class RtlDevice(AcceleratorDevice):
             if given is not None and given < v:
                 raise ValueError(f"{k}={given} is smaller than the model needs ({v})")
             caps[k] = given if given is not None else v
-        b = self.build
-        return {"lanes": b.lanes, "channels": b.channels, "bus_bits": b.bus_bits, "quant_lanes": b.quant_lanes,
-                "packing": self.options.packing.value, **caps,
-                **({"epilogue_folded": True} if b.epilogue_folded else {})}
+        return self.build.replace(**caps)
 
     def compile_options(self):
         """The build's packing and channel count (the core is built for the model, not read from it)."""
         return self.options
 
     def build_params(self) -> BuildParams:
+        """:attr:`build` (the driver's default reads the ID block; this device knows its build)."""
         return self.build
 
     def _check_fits(self, config) -> None:

@@ -11,8 +11,9 @@ from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 
 from host.compiler import CompileOptions, calibrate, compile_model
-from host.devices.golden import GoldenMachine, make_token_packet, parse_output_packet
+from host.devices.golden import GoldenMachine
 from host.model import HGRNBitConfig, random_weights
+from host.protocol import make_token_packet, parse_output_packet
 from hw import numerics as nx
 from hw.isa import TritPacking
 from hw.params import BuildParams
