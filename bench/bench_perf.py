@@ -35,8 +35,9 @@ from pathlib import Path
 from bench._common import REPO, RESULTS, provenance, write_json
 from host import perf
 from host.compiler import plan_shape
-from host.perf import BOARDS, MODEL_FIELDS, SCHEDULE_OPTIONS, BuildParams, roofline, token_prediction
+from host.perf import BOARDS, MODEL_FIELDS, roofline, token_prediction
 from hw.isa import InstrFlags, TritPacking
+from hw.params import SCHEDULE_OPTIONS, BuildParams
 
 MODEL = REPO / "models" / "hgrn-bit-pydoc"
 DOC = REPO / "docs" / "PERFORMANCE_MODEL.md"

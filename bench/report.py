@@ -357,10 +357,11 @@ def _designs() -> dict:
 @functools.cache
 def design_prediction(shape: tuple, design, schedule: str, packing: str = "1.6-bit") -> dict:
     """:func:`host.perf.token_prediction` of a model shape at a board's design point (``schedule`` ``"default"``:
-    as built; ``"proposed"``: every schedule option of :meth:`host.perf.BuildParams.overlapped` on)."""
+    as built; ``"proposed"``: every schedule option of :meth:`hw.params.BuildParams.overlapped` on)."""
     from host.compiler import plan_shape
-    from host.perf import BuildParams, token_prediction
+    from host.perf import token_prediction
     from hw.isa import TritPacking
+    from hw.params import BuildParams
 
     kw = design.device_kwargs()
     build = BuildParams(**kw) if schedule == "default" else BuildParams.overlapped(**kw)

@@ -14,7 +14,7 @@ Format
 A `safetensors <https://huggingface.co/docs/safetensors>`_ file (the format of the checkpoints themselves,
 so no container of our own): two tensors, ``image`` (uint8 [image bytes]) and ``embeddings`` (int32 [V, H],
 already converted to the image's ``residual_frac`` fraction bits with :func:`hw.numerics.to_fixed`, exactly
-what :func:`host.devices.golden.make_token_packet` carries), and string metadata:
+what :func:`host.protocol.make_token_packet` carries), and string metadata:
 
 =====================  ==============================================================================
 ``format``             ``"mmfree-bundle"``

@@ -262,7 +262,6 @@ class BuildParams:
         """The keyword arguments of the golden, RTL and board devices (:data:`DEVICE_FIELDS`)."""
         return {name: getattr(self, name) for name in DEVICE_FIELDS}
 
-    build_params = device_kwargs   # the name hw.boards.facts.DesignPoint had (host/cli.py)
 
     def id_values(self) -> dict[int, int]:
         """The ID block's register values of this build: ``{offset: value}`` (:func:`hw.isa.id_block_values`)."""

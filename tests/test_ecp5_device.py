@@ -184,7 +184,8 @@ def test_tokens_match_the_golden_device_bit_for_bit(weights):
         c = dev.counters()
         assert c["hw_stream_beats"] == board.counters[isa.Counter.STREAM_BEATS] > 0
         assert c["link_bytes"] > 4 * len(dev.transport.stream)
-        assert dev.seconds_per_token() == pytest.approx(token_seconds(len(dev.transport.stream) + len(dev.token_packet(0))))
+        link = len(dev.transport.stream) + len(dev.token_packet(0))
+        assert dev.seconds_per_token() == pytest.approx(token_seconds(link))
     # the host kept the board's receive FIFO from overflowing
     assert 0 < board.max_unacked <= ul.RX_FIFO_BYTES
 

@@ -53,13 +53,6 @@ def test_token_packet_round_trip():
         pr.make_token_packet(np.array([2**31]))
 
 
-def test_token_packet_bytes_is_the_cycle_models():
-    from host.perf import token_packet_bytes
-
-    for h in (1, 20, 324, 1024, 4096):
-        assert pr.token_packet_bytes(h) == token_packet_bytes(h)
-
-
 def test_output_packet_round_trip():
     acc = np.arange(-30, 31, dtype=np.int64) * 1000
     raw = pr.make_output_packet(acc, position=5, argmax=60, max_acc=30000, scale_mant=3, scale_shift=9)
@@ -117,7 +110,7 @@ def test_errors_and_counters():
 
 
 def test_golden_activity_is_the_cycle_models_and_needs_no_build(weights):
-    from host.perf import BuildParams
+    from hw.params import BuildParams
 
     image = compile_model(weights, CompileOptions(channels=2))
     oracle = GoldenMachine(image)

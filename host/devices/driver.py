@@ -307,8 +307,8 @@ class AcceleratorDevice(ReplayLogDevice):
 
     # ------------------------------------------------------------------ reports
     def build_params(self):
-        """The :class:`host.perf.BuildParams` of the core's ID block."""
-        from host.perf import BuildParams
+        """The :class:`hw.params.BuildParams` of the core's ID block."""
+        from hw.params import BuildParams
 
         return BuildParams.from_id_block(self.ident.as_dict())
 

@@ -27,9 +27,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from host.devices.base import DeviceError
+
+if TYPE_CHECKING:
+    from hw.params import BuildParams
 
 __all__ = ["HARNESS_CPP", "PUBLIC_VLT", "Toolchain", "find_toolchain", "harness_key", "build_harness"]
 
@@ -285,10 +288,11 @@ def _check_lz4(cxx: str) -> None:
                           "waveform_path ending in .vcd writes a VCD instead, which needs nothing more")
 
 
-def build_harness(params: Mapping[str, Any], *, trace: bool | str | None = None, jobs: int | None = None,
+def build_harness(params: BuildParams | Mapping[str, Any], *, trace: bool | str | None = None, jobs: int | None = None,
                   build_root: Path | None = None,
                   progress: Callable[[str], None] | None = None) -> tuple[Path, dict]:
-    """The harness executable for ``hw.top.Accelerator(**params)``, built on first use.
+    """The harness executable for ``hw.top.Accelerator(params)`` (a :class:`hw.params.BuildParams` or its
+    gateware fields as a mapping), built on first use.
 
     Parameters
     ----------
