@@ -159,3 +159,23 @@ def test_load_config_rejects_other_ports(tmp_path):
     p.write_text("- a list\n")
     with pytest.raises(ValueError, match="mapping"):
         dram.load_config(p)
+
+
+def _module_ports(text: str, name: str) -> set:
+    header = re.search(rf"module {name} \((.*?)\);", text, re.S).group(1)
+    return set(re.findall(r"(\w+),?\s*$", header, re.M))
+
+
+def _instance_ports(text: str, name: str) -> set:
+    body = re.search(rf"\b{name} \w+ \((.*?)\);", text, re.S).group(1)
+    return set(re.findall(r"\.(\w+)\(", body))
+
+
+def test_wrapper_connects_every_port_of_the_generated_cores(cores):
+    """The Instance's port names are exactly the generated modules' ports (a renamed port in a later LiteDRAM
+    would otherwise surface only in Yosys or Verilator)."""
+    hw, sim, _ = cores
+    pins = {k: IOPort(w, name=f"sdram_{k}") for k, (_, w) in hw.sdram_pins.items()}
+    for core, kw in ((hw, {"pins": pins}), (sim, {})):
+        wrapper = verilog.convert(dram.LiteDRAMCore(core, **kw), ports=[], name="top")
+        assert _instance_ports(wrapper, core.name) == _module_ports(core.verilog[0].read_text(), core.name), core.name
