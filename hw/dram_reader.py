@@ -34,6 +34,27 @@ def _int(name: str, value: object, low: int) -> int:
     return value
 
 
+def check_port_widths(*, addr_width: int, port_width: int, beat_width: int, depth: int) -> None:
+    """The checks every DRAM stream adapter (:class:`DRAMImageReader`, :class:`hw.dram_writer.DRAMStreamWriter`)
+    makes of its widths: a native port of ``port_width`` bits (a power-of-two number of bytes), beats of a
+    power-of-two number of port words, a FIFO of ``depth`` >= 2 entries.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a parameter of the wrong type or out of range.
+    """
+    _int("addr_width", addr_width, 1)
+    _int("port_width", port_width, 8)
+    _int("beat_width", beat_width, 8)
+    _int("depth", depth, 2)
+    if port_width % 8 or port_width & (port_width - 1):
+        raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
+    if beat_width % port_width or (beat_width // port_width) & (beat_width // port_width - 1):
+        raise ValueError(f"beat_width must be a power-of-two multiple of port_width ({port_width}), "
+                         f"got {beat_width}")
+
+
 def dram_request_layout(byte_addr_width: int) -> data.StructLayout:
     """A DRAM transfer request: ``base`` (byte address, ``byte_addr_width`` bits) and ``length`` (bytes,
     ``byte_addr_width + 1`` bits: the whole memory fits)."""
@@ -88,16 +109,8 @@ class DRAMImageReader(wiring.Component):
 
     def __init__(self, *, addr_width: int, port_width: int = 16, beat_width: int = 64, depth: int = 64,
                  timeout: int = 4096):
-        _int("addr_width", addr_width, 1)
-        _int("port_width", port_width, 8)
-        _int("beat_width", beat_width, 8)
-        _int("depth", depth, 2)
+        check_port_widths(addr_width=addr_width, port_width=port_width, beat_width=beat_width, depth=depth)
         _int("timeout", timeout, 1)
-        if port_width % 8 or port_width & (port_width - 1):
-            raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
-        if beat_width % port_width or (beat_width // port_width) & (beat_width // port_width - 1):
-            raise ValueError(f"beat_width must be a power-of-two multiple of port_width ({port_width}), "
-                             f"got {beat_width}")
         self._addr_width, self._port_width, self._beat_width = addr_width, port_width, beat_width
         self._depth, self._timeout = depth, timeout
         super().__init__({

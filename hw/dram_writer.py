@@ -16,7 +16,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from hw.dram import NativePortSignature
-from hw.dram_reader import _int, dram_request_layout
+from hw.dram_reader import check_port_widths, dram_request_layout
 
 __all__ = ["DRAMStreamWriter"]
 
@@ -57,15 +57,7 @@ class DRAMStreamWriter(wiring.Component):
     """
 
     def __init__(self, *, addr_width: int, port_width: int = 16, beat_width: int = 64, depth: int = 16):
-        _int("addr_width", addr_width, 1)
-        _int("port_width", port_width, 8)
-        _int("beat_width", beat_width, 8)
-        _int("depth", depth, 2)
-        if port_width % 8 or port_width & (port_width - 1):
-            raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
-        if beat_width % port_width or (beat_width // port_width) & (beat_width // port_width - 1):
-            raise ValueError(f"beat_width must be a power-of-two multiple of port_width ({port_width}), "
-                             f"got {beat_width}")
+        check_port_widths(addr_width=addr_width, port_width=port_width, beat_width=beat_width, depth=depth)
         self._addr_width, self._port_width, self._beat_width, self._depth = addr_width, port_width, beat_width, depth
         byte_addr_width = addr_width + ceil_log2(port_width // 8)
         super().__init__({
