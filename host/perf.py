@@ -87,8 +87,8 @@ from hw.isa import Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 from hw.params import SCHEDULE_OPTIONS, BuildParams
 
 __all__ = [
-    "BuildParams", "Board", "BOARDS", "LATENCY_SOURCES", "latency", "RECIP_CYCLES", "CRC_GAP_CYCLES",
-    "OUTPUT_CYCLES", "SCHEDULE_OPTIONS", "token_counters", "schedule", "Step", "stream_efficiency", "roofline",
+    "BuildParams", "Board", "BOARDS", "LATENCY_SOURCES", "latency", "RECIP_CYCLES",
+    "output_cycles", "SCHEDULE_OPTIONS", "token_counters", "schedule", "Step", "stream_efficiency", "roofline",
     "packing_bits", "MODEL_FIELDS", "instruction_bytes", "header_bytes", "drain_cycles",
     "token_prediction", "epilogue_passes", "epilogue_latency",
 ]
@@ -105,6 +105,12 @@ LATENCY_SOURCES = {
     "GEMV_LATENCY": "hw.gemv:TernaryGemv.BASE_LATENCY",        # after the adder tree's levels (5)
     "DONE_LATENCY": "hw.epilogue:PipelinedEpilogue.DONE_LATENCY",  # ``done`` after the last element's exit (2)
     "GEARBOX_CMD_LATENCY": "hw.gearbox:TritGearbox.CMD_LATENCY",   # a command to its first chunk (4)
+    "WEIGHT_FIFO_LATENCY": "hw.fetch:WeightFifo.LATENCY",      # channel 0's weight FIFO, push to pop (2)
+    "FETCH_CHECK_CYCLES": "hw.fetch:InstructionFetcher.CHECK_CYCLES",  # an instruction header's check (2)
+    "SEQ_CHECK_CYCLES": "hw.sequencer:Sequencer.CHECK_CYCLES",  # a token packet's / image header's check (2)
+    "GEMV_SEQ_CYCLES": "hw.sequencer:Sequencer.GEMV_CYCLES",    # GEMV_START + GEMV_DRAIN (2)
+    "QUANT_CMD_CYCLES": "hw.sequencer:Sequencer.QUANT_CMD_CYCLES",  # the quantizer's command (1)
+    "CRC_GAP_CYCLES": "hw.framer:OutputFramer.CRC_GAP_CYCLES",  # the output trailer's CRC word waits (1)
 }
 
 
@@ -129,35 +135,28 @@ def latency(name: str) -> int:
 def __getattr__(name: str) -> int:  # PEP 562: ``perf.SCALAR_CYCLES`` and the rest, from the components
     if name in LATENCY_SOURCES:
         return latency(name)
+    if name == "OUTPUT_CYCLES":
+        return output_cycles()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 RECIP_CYCLES = 33      #: the part of the scalar unit the quantize pass waits for: 127/A (26-cycle division) + 7
 IMAGE_HEADER_BYTES = isa.layout_bytes(isa.ImageHeader)    #: 64
 INSTR_HEADER_BYTES = isa.layout_bytes(isa.InstrHeader)    #: 64
-#: The output CRC runs on a registered copy of each word (hw/top.py, ECP5 timing): the trailer's CRC word
-#: waits one cycle after the word before it
-CRC_GAP_CYCLES = 1
-#: END_TOKEN after the header: the output packet without logits (one 64-byte section: header, padding, CRC)
-#: on a 32-bit output stream, the CRC gap, then the state commit
-OUTPUT_CYCLES = isa.SECTION_BYTES // 4 + CRC_GAP_CYCLES + 1
-#: The sequencer of hw/top.py: it reads the token packet and the image header one 32-bit word per cycle
-#: (16 cycles a header whatever the bus width), then spends two cycles checking each (the CRC runs a cycle
-#: behind the stream); its fetcher reads instruction headers and constants at one beat per cycle plus two
-#: cycles for each check (module docstring). A GEMV spends one cycle handing the quantizer its command, one
-#: starting the rows (GEMV_START) and one after its epilogue finishes (GEMV_DRAIN).
+#: The sequencer reads the token packet and the image header one 32-bit word per cycle (16 cycles a header
+#: whatever the bus width), then checks each (SEQ_CHECK_CYCLES); the fetcher reads instruction headers and
+#: constants at one beat per cycle plus FETCH_CHECK_CYCLES for each check (hw/sequencer.py, hw/fetch.py)
 HEADER_WORD_CYCLES = isa.layout_bytes(isa.InstrHeader) // 4
-SEQ_CHECK_CYCLES = 2                          #: a CRC check: the CRC takes the last word, then the check
-FETCH_CHECK_CYCLES = 2                        #: the fetcher's instruction-header check (F_CHECK, F_CHECK2)
-SEQ_DISPATCH_CYCLES = 2                       #: DISPATCH + EXEC
-GEMV_SEQ_CYCLES = 2                           #: GEMV_START + GEMV_DRAIN
-QUANT_CMD_CYCLES = 1
 #: hw/top.py feeding hw/gearbox.py: the last chunk 4-5 cycles after the block's last data beat (stream-bound:
-#: 5 measured on most shapes, 4 on some alignments)
+#: 5 measured on most shapes, 4 on some alignments): a measured figure of the composition, not one component's
 GEARBOX_STREAM_LATENCY = 5
-#: hw/top.py: channel 0's weight FIFO (amaranth.lib.fifo.SyncFIFOBuffered): a beat written in cycle t can be
-#: read from cycle t + 2
-WEIGHT_FIFO_LATENCY = 2
+
+
+def output_cycles() -> int:
+    """END_TOKEN after its header with ``overlap_headers``: the output packet without logits (one 64-byte
+    section: header, padding, CRC) on the 32-bit output stream, the CRC gap, then the state commit."""
+    return isa.SECTION_BYTES // 4 + latency("CRC_GAP_CYCLES") + 1
+
 
 #: The fields of a :class:`~hw.params.BuildParams` the cycle model reads (:meth:`~hw.params.BuildParams.as_dict`
 #: of them is how the benchmarks record a build).
@@ -325,13 +324,13 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                     - (IMAGE_HEADER_BYTES if ins.opcode is Opcode.LOAD_TOKEN else 0), beat)
         if ins.opcode is Opcode.LOAD_TOKEN:
             tok_words = token_packet_bytes(ins.n) // 4
-            h0 = t0 + 1 + tok_words + SEQ_CHECK_CYCLES + HEADER_WORD_CYCLES + SEQ_CHECK_CYCLES + 1
+            h0 = t0 + 1 + tok_words + 2 * latency("SEQ_CHECK_CYCLES") + HEADER_WORD_CYCLES + 1
             ready = h0
         else:
             h0 = tl.fetch_free
             ready = t0 + 1
-        c0 = max(h0 + hb + FETCH_CHECK_CYCLES, tl.qc_free)     # first constant beat
-        r = c0 + cb + SEQ_CHECK_CYCLES if cb else h0 + hb + FETCH_CHECK_CYCLES
+        c0 = max(h0 + hb + latency("FETCH_CHECK_CYCLES"), tl.qc_free)     # first constant beat
+        r = c0 + cb + latency("SEQ_CHECK_CYCLES") if cb else h0 + hb + latency("FETCH_CHECK_CYCLES")
         # striped constants on channels > 0 (a proposed layout): they precede the weights there
         dispatch = max(ready, r, *(t0 + 1 + h for h in head[1:]))
         head_done = dispatch + (0 if ins.opcode is Opcode.END_TOKEN else 1)
@@ -356,7 +355,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         ext = 0
         bank = tl.bank
         if not build.overlap_headers:
-            seq = GEMV_SEQ_CYCLES
+            seq = latency("GEMV_SEQ_CYCLES")
         if InstrFlags.REUSE_CODES in ins.flags:
             codes_at = head_done
         else:
@@ -372,7 +371,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                 quant_free = pro_start + RECIP_CYCLES + qc
             else:
                 codes_at = (pro_start + latency("SCALAR_CYCLES") + qc
-                            + (0 if build.overlap_headers else QUANT_CMD_CYCLES))
+                            + (0 if build.overlap_headers else latency("QUANT_CMD_CYCLES")))
                 quant_free = codes_at
         start = max(codes_at, tl.lanes_free if build.overlap_prologue else tl.done) + (seq // 2)
         passes = epilogue_passes(build, _n_ops(ins))
@@ -403,7 +402,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
                     w_end = fetch + beats - 1
                     if beats > build.weight_fifo_beats:
                         pace = max(1.0, compute / beats)
-                        w_end = max(w_end, start + WEIGHT_FIFO_LATENCY
+                        w_end = max(w_end, start + latency("WEIGHT_FIFO_LATENCY")
                                     + math.ceil((beats - 1 - build.weight_fifo_beats) * pace))
                     fetch = w_end + 1
             stall = max(stall, lanes_end - start - compute)
@@ -437,12 +436,13 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         c[Counter.TOKENS] = 1
         start = end = max(head_done, tl.done)
         if build.overlap_headers:
-            done = end + OUTPUT_CYCLES
+            done = end + output_cycles()
         else:
             # the logits left during the LM head: the padding to a whole section and the 8-word trailer
             # (word by word) with the CRC gap, then the commit (not a busy cycle)
             trailer = isa.layout_bytes(isa.OutputTrailer) // 4
-            done = end + (-(info.vocab + trailer)) % (isa.SECTION_BYTES // 4) + trailer + CRC_GAP_CYCLES
+            done = (end + (-(info.vocab + trailer)) % (isa.SECTION_BYTES // 4) + trailer
+                    + latency("CRC_GAP_CYCLES"))
         tl.lanes_free = done
     else:
         raise ValueError(f"no cycle model for opcode {ins.opcode!r}")

@@ -210,6 +210,9 @@ class WeightFifo(wiring.Component):
         A beat leaves this cycle.
     """
 
+    #: Cycles from a beat's push to the first cycle it may leave (``SyncFIFOBuffered``; ``host.perf``)
+    LATENCY = 2
+
     def __init__(self, *, packing: TritPacking, bus_bits: int, depth: int):
         self._packing, self._bus_bits, self._depth = TritPacking(packing), bus_bits, depth
         super().__init__({"i": In(stream.Signature(beat_layout(bus_bits))),
@@ -298,6 +301,9 @@ class InstructionFetcher(wiring.Component):
     xbank : Out(1)
         The constant bank of the executing instruction (flips at each dispatch).
     """
+
+    #: Cycles of an instruction header's check after its last beat (F_CHECK, F_CHECK2; ``host.perf``)
+    CHECK_CYCLES = 2
 
     def __init__(self, *, packing: TritPacking, channels: int, bus_bits: int, max_hidden: int,
                  max_intermediate: int, max_layers: int, lut_segments_log2: int, image_tlast: bool,

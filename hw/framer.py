@@ -62,6 +62,10 @@ class OutputFramer(wiring.Component):
         A word waits for ``ready`` this cycle (the ``OUT_STALLS`` counter).
     """
 
+    #: The output CRC runs on a registered copy of each word: the trailer's CRC word waits this many cycles
+    #: after the word before it (ECP5 timing; ``host.perf``)
+    CRC_GAP_CYCLES = 1
+
     def __init__(self, *, index_bits: int):
         super().__init__({"ctrl": In(FramerSignature()), "logits": In(stream.Signature(signed(32))),
                           "argmax_index": In(index_bits), "argmax_value": In(signed(32)),

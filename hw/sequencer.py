@@ -105,6 +105,13 @@ class Sequencer(wiring.Component):
         Token done or error (level).
     """
 
+    #: Cycles of a CRC check after a header's last word (the CRC takes the word, then the check; ``host.perf``)
+    CHECK_CYCLES = 2
+    #: A GEMV's sequencing cycles beyond its prologue and rows: GEMV_START and GEMV_DRAIN (``host.perf``)
+    GEMV_CYCLES = 2
+    #: The cycle the quantizer's command takes (``host.perf``)
+    QUANT_CMD_CYCLES = 1
+
     def __init__(self, *, channels: int, packing: TritPacking, max_hidden: int, max_intermediate: int,
                  max_layers: int, lut_segments_log2: int, token_tlast: bool, tok_write: memory.WritePort.Signature):
         self._channels, self._packing = channels, TritPacking(packing)
