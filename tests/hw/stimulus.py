@@ -1,5 +1,5 @@
 """Whole-core stimulus for the numerics of ISA version 2, shared by the Amaranth (``tests/hw/test_top.py``),
-cocotb (``sim/test_accelerator.py``) and RTL-device (``tests/test_rtl_device.py``) tests.
+cocotb (``sim/accelerator_tests.py``) and RTL-device (``tests/test_rtl_device.py``) tests.
 
 * :func:`low_energy`: a token whose mean square is 1e-4 of the usual one, so that the instructions' epsilon
   terms (``InstrHeader.ssq_bias``) move the scales (``hw.numerics.ssq_with_bias``).
