@@ -1,61 +1,80 @@
-"""A UART host link for boards without a DMA engine: register reads and writes, the weight stream in and
-the output stream back, over one 8N1 serial line (the FTDI bridge of the ULX3S and ECPIX-5 boards).
+"""The UART host link for boards without a DMA engine: the serial line, its byte FIFO, and the command parser
+and reply framer of the link protocol (:mod:`hw.boards.link_protocol`, the spec: frames, board registers,
+the DRAM and token commands, their status bytes).
 
-Protocol (bytes, multi-byte fields little-endian). Every command starts with an opcode byte and gets
-exactly one reply frame; output frames of the core's ``m_axis_out`` stream are interleaved with the
-replies whenever the core emits words (the host tells them apart by the first byte, each frame's length
-is fixed by it):
+- :class:`UARTRx`, :class:`UARTTx`: 8N1 (LSB first). The receiver synchronises ``rx`` through two
+  flip-flops, samples each bit at its middle (``divisor`` clock cycles per bit) and drops bytes without a
+  stop bit (counted in ``framing``).
+- :class:`UARTPhy`: receiver, receive FIFO (:data:`~hw.boards.link_protocol.RX_FIFO_BYTES`) and
+  transmitter, with byte streams on the inside (the DRAM boards' top puts it in front of
+  :class:`hw.boards.dram_board.DRAMBoard`).
+- :class:`LinkBridge`: the parser and framer on byte streams (a simulation drives bytes directly, below the
+  UART). It always speaks ``'R'``, ``'W'``, ``'S'``, ``'X'`` to a core (AXI4-Lite manager, weight stream
+  out, output stream in, core reset); built with ``board=True`` it also speaks ``'G'``, ``'P'``, ``'L'``,
+  ``'C'``, ``'T'`` over its ``board`` port (:class:`BoardPortSignature`), whose other side (the board
+  registers, DRAM and token engines) is :class:`hw.boards.dram_board.DRAMBoard`. Without ``board`` those
+  opcodes are unknown (``'?'``) and none of that logic is built.
+- :class:`UARTLink`: :class:`UARTPhy`'s parts and a stream-only :class:`LinkBridge`, the whole link of the
+  boards without DRAM (:class:`hw.boards.ecp5.LinkedCore`).
+- :func:`stream_register`: the one-entry FIFO that stands between the link and a core stream (timing).
 
-=============================  ==========================================  ====================================
-host -> board                  meaning                                     board -> host
-=============================  ==========================================  ====================================
-``'R'`` addr:u8                AXI4-Lite read of the register at addr      ``'r'`` data:u32
-``'W'`` addr:u8 data:u32       AXI4-Lite write                             ``'w'``
-``'S'`` n-1:u16 flags:u8       n beats of 8 bytes to ``s_axis_w0``          ``'s'`` once the n-th beat left
-  then 8*n bytes               (flags bit 0: ``tlast`` on the n-th beat)   the link (``w0`` took it)
-``'X'``                        reset the core (16 cycles, registers and    ``'x'``
-                               state included); the link itself stays
-other                          ignored                                     ``'?'``
-(core output word)                                                         ``'o'`` data:u32 flags:u8
-                                                                           (flags bit 0: ``tlast``)
-=============================  ==========================================  ====================================
+Received bytes go through a FIFO: the host keeps at most
+:data:`~hw.boards.link_protocol.WINDOW_CHUNKS` chunks of :data:`~hw.boards.link_protocol.CHUNK_BEATS`
+beats unacknowledged, so the FIFO never overflows even while the core or the DRAM stalls (an overflow still
+sets a sticky flag, ``overflow``). A command whose bytes stop arriving for ``byte_timeout`` cycles is
+abandoned (the parser returns to idle, ``timeouts`` counts it; an ``'L'`` abandoned among its data beats
+first completes the DRAM write with zero beats, so that the DRAM engine is idle again, and sends no reply):
+a host that gave up mid-command resynchronises by waiting for longer than that and flushing its input.
 
-Received bytes go through a FIFO (:data:`RX_FIFO_BYTES`): the host keeps at most that many stream bytes
-unacknowledged (:data:`CHUNK_BEATS` beats per ``'S'`` and :data:`WINDOW_CHUNKS` chunks in flight), so
-the FIFO never overflows even while the core stalls the stream (an overflow still sets a sticky flag,
-``overflow``). A command whose bytes stop arriving for ``byte_timeout`` cycles is abandoned (the parser
-returns to idle, ``timeouts`` counts it): a host that gave up mid-command resynchronises by waiting for
-longer than that and flushing its input.
-
-UART (8N1, LSB first): the receiver synchronises ``rx`` through two flip-flops, samples each bit at its
-middle (``divisor`` clock cycles per bit) and drops bytes without a stop bit (counted in ``framing``).
+The protocol constants are :mod:`hw.boards.link_protocol`'s; the names below (``ul.OP_READ``, ...) are
+those, imported here for modules that read them through this one.
 """
 
-from amaranth.hdl import Cat, Const, Module, Signal
-from amaranth.lib import fifo, stream, wiring
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
 
+from hw.boards.link_protocol import (
+    BEAT_BYTES,
+    CHUNK_BEATS,
+    COMMAND_BYTES,
+    OP_BOARD_READ,
+    OP_BOARD_WRITE,
+    OP_DRAM_CRC,
+    OP_DRAM_WRITE,
+    OP_READ,
+    OP_RESET,
+    OP_STREAM,
+    OP_TOKEN,
+    OP_WRITE,
+    REP_BOARD_READ,
+    REP_BOARD_WRITE,
+    REP_DRAM_CRC,
+    REP_DRAM_WRITE,
+    REP_OUTPUT,
+    REP_READ,
+    REP_RESET,
+    REP_STREAM,
+    REP_TOKEN,
+    REP_UNKNOWN,
+    REP_WRITE,
+    REPLY_BYTES,
+    RESET_CYCLES,
+    RX_FIFO_BYTES,
+    WINDOW_CHUNKS,
+)
 from hw.regs import AXI4LiteSignature
-from hw.top import AXIStreamSignature
+from hw.streams import AXIStreamSignature
 
-__all__ = ["UARTRx", "UARTTx", "LinkBridge", "UARTLink", "OP_READ", "OP_WRITE", "OP_STREAM", "OP_RESET",
-           "REP_READ", "REP_WRITE", "REP_STREAM", "REP_RESET", "REP_UNKNOWN", "REP_OUTPUT", "REPLY_BYTES",
-           "RX_FIFO_BYTES", "CHUNK_BEATS", "WINDOW_CHUNKS", "BEAT_BYTES"]
-
-OP_READ, OP_WRITE, OP_STREAM, OP_RESET = b"R"[0], b"W"[0], b"S"[0], b"X"[0]
-REP_READ, REP_WRITE, REP_STREAM, REP_RESET, REP_UNKNOWN, REP_OUTPUT = (b"r"[0], b"w"[0], b"s"[0], b"x"[0],
-                                                                      b"?"[0], b"o"[0])
-#: bytes of each reply frame after its first byte
-REPLY_BYTES = {REP_READ: 4, REP_WRITE: 0, REP_STREAM: 0, REP_RESET: 0, REP_UNKNOWN: 0, REP_OUTPUT: 5}
-#: bytes of one stream beat (the weight channel's 64-bit ``tdata``)
-BEAT_BYTES = 8
-#: receive FIFO (two DP16KD block RAMs hold 4096 bytes each on ECP5)
-RX_FIFO_BYTES = 8192
-#: beats per 'S' command the host sends, and chunks it keeps unacknowledged: 8 * (4 + 8 * 127) <= 8192
-CHUNK_BEATS = 127
-WINDOW_CHUNKS = 8
-_RESET_CYCLES = 16
+__all__ = ["UARTRx", "UARTTx", "UARTPhy", "LinkBridge", "UARTLink", "BoardPortSignature", "stream_register",
+           "dram_command_layout", "dram_result_layout", "token_request_layout",
+           # protocol constants (hw.boards.link_protocol's), for modules that import them from here
+           "OP_READ", "OP_WRITE", "OP_STREAM", "OP_RESET", "OP_BOARD_READ", "OP_BOARD_WRITE", "OP_DRAM_WRITE",
+           "OP_DRAM_CRC", "OP_TOKEN", "REP_READ", "REP_WRITE", "REP_STREAM", "REP_RESET", "REP_BOARD_READ",
+           "REP_BOARD_WRITE", "REP_DRAM_WRITE", "REP_DRAM_CRC", "REP_TOKEN", "REP_UNKNOWN", "REP_OUTPUT",
+           "COMMAND_BYTES", "REPLY_BYTES", "RX_FIFO_BYTES", "CHUNK_BEATS", "WINDOW_CHUNKS", "BEAT_BYTES",
+           "RESET_CYCLES"]
 
 
 def _check_divisor(divisor):
@@ -183,13 +202,118 @@ class UARTTx(wiring.Component):
         return m
 
 
-class LinkBridge(wiring.Component):
-    """The command parser and reply framer of the protocol in this module's docstring.
+def _stream_parts(s):
+    """(data, last, valid, ready) of an AXI4-Stream interface (``tdata``, ``tlast``, ...) or of a
+    ``lib.stream`` interface whose payload has ``data`` and ``last`` (:func:`hw.streams.packet_beat_layout`)."""
+    if hasattr(s, "tdata"):
+        return s.tdata, s.tlast, s.tvalid, s.tready
+    return s.payload.data, s.payload.last, s.valid, s.ready
+
+
+def stream_register(m: Module, name: str, src, dst, *, rst=None, depth: int = 1) -> fifo.SyncFIFOBuffered:
+    """Put a ``depth``-entry FIFO between the packet streams ``src`` and ``dst`` (added to ``m`` as ``name``).
+
+    With ``depth`` 1 (the default) it is a register for the data and ``last`` and a registered ``ready``: no
+    handshake runs from one side into the other within a cycle, and a beat passes every other cycle. That is
+    what stands between the UART link and the core's streams on the boards (before it, the routed critical
+    paths of the ECPIX-5 builds ran from the link's parser into the core's fetcher and from the
+    transmitter's ``ready`` into the epilogue's enable: bitstreams/README.md).
 
     Parameters
     ----------
-    byte_timeout : int
+    m : Module
+    name : str
+        The FIFO's submodule name.
+    src, dst
+        The sending and the receiving side: AXI4-Stream interfaces (``tdata``, ``tvalid``, ``tready``,
+        ``tlast``) or ``lib.stream`` interfaces with a ``{data, last}`` payload, of one data width.
+    rst : Value, optional
+        Empties the FIFO (a core reset: nothing outlives it).
+    depth : int
+        Entries (one; a deeper FIFO holds a memory).
+
+    Returns
+    -------
+    amaranth.lib.fifo.SyncFIFOBuffered
+    """
+    s_data, s_last, s_valid, s_ready = _stream_parts(src)
+    d_data, d_last, d_valid, d_ready = _stream_parts(dst)
+    if len(s_data) != len(d_data):
+        raise ValueError(f"{name}: {len(s_data)}-bit source, {len(d_data)}-bit sink")
+    q = fifo.SyncFIFOBuffered(width=len(s_data) + 1, depth=depth)
+    m.submodules[name] = q if rst is None else ResetInserter({"sync": rst})(q)
+    m.d.comb += [q.w_data.eq(Cat(s_data, s_last)), q.w_en.eq(s_valid), s_ready.eq(q.w_rdy),
+                 d_data.eq(q.r_data[:-1]), d_last.eq(q.r_data[-1]), d_valid.eq(q.r_rdy), q.r_en.eq(d_ready)]
+    return q
+
+
+def dram_command_layout() -> data.StructLayout:
+    """A DRAM command of the link (``'L'``: ``write`` 1; ``'C'``: ``write`` 0): ``addr`` (byte address,
+    32 bits, as sent), ``length`` (bytes, 32 bits: ``'L'``'s ``8 n``, ``'C'``'s ``bytes``)."""
+    return data.StructLayout({"write": 1, "addr": 32, "length": 32})
+
+
+def dram_result_layout() -> data.StructLayout:
+    """A DRAM command's result: ``status`` (8 bits, :class:`~hw.boards.link_protocol.DramStatus`), ``crc``
+    (32 bits, ``'C'`` only: ``zlib.crc32`` of the bytes)."""
+    return data.StructLayout({"status": 8, "crc": 32})
+
+
+def token_request_layout() -> data.StructLayout:
+    """A ``'T'`` command: ``token`` (32 bits), ``position`` (32 bits), ``flags`` (8 bits,
+    :class:`~hw.boards.link_protocol.TokenFlags`)."""
+    return data.StructLayout({"token": 32, "position": 32, "flags": 8})
+
+
+class BoardPortSignature(wiring.Signature):
+    """The DRAM board's side of the link's commands, as :class:`LinkBridge` (the manager) sees it.
+
+    Members
+    -------
+    reg_addr : Out(8)
+        Board register byte address (:class:`~hw.boards.link_protocol.BoardReg`) of a ``'G'`` or ``'P'``.
+    reg_rdata : In(32)
+        That register's value, combinational from ``reg_addr`` (read in the cycle after the address settles).
+    reg_wdata : Out(32); reg_we : Out(1)
+        A ``'P'``: ``reg_we`` high one cycle with ``reg_addr`` and ``reg_wdata``.
+    dram_cmd : Out(stream.Signature(dram_command_layout()))
+        ``'L'`` and ``'C'``; exactly one ``dram_done`` answers each.
+    dram_data : Out(stream.Signature(64))
+        After an ``'L'``'s command, exactly ``length / 8`` beats (byte ``k`` of a beat in bits ``8k ..``),
+        whatever the command's fate: the receiver takes (or drops) them all.
+    dram_done : In(stream.Signature(dram_result_layout()))
+        The command's result (for ``'L'`` after its last beat was taken).
+    token : Out(stream.Signature(token_request_layout()))
+        ``'T'``; exactly one ``token_done`` answers each.
+    token_done : In(stream.Signature(8))
+        Its :class:`~hw.boards.link_protocol.TokenStatus`.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "reg_addr": Out(8), "reg_rdata": In(32), "reg_wdata": Out(32), "reg_we": Out(1),
+            "dram_cmd": Out(stream.Signature(dram_command_layout())),
+            "dram_data": Out(stream.Signature(64)),
+            "dram_done": In(stream.Signature(dram_result_layout())),
+            "token": Out(stream.Signature(token_request_layout())),
+            "token_done": In(stream.Signature(8)),
+        })
+
+
+class LinkBridge(wiring.Component):
+    """The command parser and reply framer of the link protocol (:mod:`hw.boards.link_protocol`).
+
+    Every command gets its reply frame in order; a reply has priority over the core's output words, which
+    are sent as ``'o'`` frames whenever no reply waits. Commands run one at a time: the next opcode is read
+    once the reply is queued.
+
+    Parameters
+    ----------
+    byte_timeout : int, >= 16
         Clock cycles a command may wait for its next byte before it is abandoned.
+    board : bool
+        Also the DRAM boards' commands ``'G'``, ``'P'``, ``'L'``, ``'C'``, ``'T'`` (the ``board`` port);
+        without it they are unknown opcodes.
 
     Attributes
     ----------
@@ -200,174 +324,396 @@ class LinkBridge(wiring.Component):
     axil : In(AXI4LiteSignature(addr_width=8))
         AXI4-Lite manager (connect to the core's ``s_axil``).
     w0 : Out(AXIStreamSignature(64))
-        Weight stream, sent (connect to the core's ``s_axis_w0``).
+        ``'S'`` beats (connect to the core's ``s_axis_w0``).
     out : In(AXIStreamSignature(32))
-        Output stream, received (connect to the core's ``m_axis_out``).
+        Output words to send as ``'o'`` frames (the core's ``m_axis_out``).
     core_rst : Out(1)
-        High for 16 cycles on ``'X'``.
+        High for :data:`~hw.boards.link_protocol.RESET_CYCLES` cycles on ``'X'``.
     timeouts : Out(16)
         Commands abandoned for lack of bytes (wraps).
+    board : Out(BoardPortSignature()), with ``board`` only
+        The board's registers, DRAM and token engines.
+
+    Raises
+    ------
+    ValueError
+        On a ``byte_timeout`` that is not an integer >= 16.
     """
 
-    rx: In(stream.Signature(8))
-    tx: Out(stream.Signature(8))
-    axil: In(AXI4LiteSignature(addr_width=8))
-    w0: Out(AXIStreamSignature(64))
-    out: In(AXIStreamSignature(32))
-    core_rst: Out(1)
-    timeouts: Out(16)
-
-    def __init__(self, *, byte_timeout: int = 1 << 24):
+    def __init__(self, *, byte_timeout: int = 1 << 24, board: bool = False):
         if not isinstance(byte_timeout, int) or isinstance(byte_timeout, bool) or byte_timeout < 16:
             raise ValueError(f"byte_timeout must be an integer >= 16 cycles, got {byte_timeout!r}")
-        self._byte_timeout = byte_timeout
-        super().__init__()
+        self._byte_timeout, self._board = byte_timeout, bool(board)
+        members = {"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
+                   "axil": In(AXI4LiteSignature(addr_width=8)), "w0": Out(AXIStreamSignature(64)),
+                   "out": In(AXIStreamSignature(32)), "core_rst": Out(1), "timeouts": Out(16)}
+        if self._board:
+            members["board"] = Out(BoardPortSignature())
+        super().__init__(members)
+
+    @property
+    def byte_timeout(self) -> int:
+        return self._byte_timeout
+
+    @property
+    def has_board(self) -> bool:
+        return self._board
 
     def elaborate(self, platform):
         m = Module()
-        bus, w0, out = self.axil, self.w0, self.out
+        p = _Parser(m, self)
+        self._framer(m, p)
+        with m.FSM():
+            p.idle_state()
+            p.core_states()
+            if self._board:
+                p.board_states()
+            with m.State("UNKNOWN"):
+                p.reply(Const(REP_UNKNOWN, 8))
+        return m
 
-        # ---------------- reply framer: a parser reply (priority) or a core output word, sent byte by byte
-        rep = Signal(40)            # the reply's bytes, first byte lowest
-        rep_len = Signal(range(7))
-        rep_valid = Signal()
-        rep_ack = Signal()
+    def _framer(self, m, p):
+        """The reply framer: a parser reply (priority) or an output word as an ``'o'`` frame, byte by byte."""
+        out = self.out
         frame = Signal(48)
         left = Signal(range(7))
         m.d.comb += [self.tx.payload.eq(frame[:8]), self.tx.valid.eq(left != 0)]
         with m.If(self.tx.valid & self.tx.ready):
             m.d.sync += [frame.eq(frame[8:]), left.eq(left - 1)]
         with m.Elif(left == 0):
-            with m.If(rep_valid):
-                m.d.comb += rep_ack.eq(1)
-                m.d.sync += [frame.eq(rep), left.eq(rep_len)]
+            with m.If(p.rep_valid):
+                m.d.comb += p.rep_ack.eq(1)
+                m.d.sync += [frame.eq(p.rep), left.eq(p.rep_len)]
             with m.Elif(out.tvalid):
                 m.d.comb += out.tready.eq(1)
-                m.d.sync += [frame.eq(Cat(Const(REP_OUTPUT, 8), out.tdata, out.tlast, Const(0, 7))), left.eq(6)]
+                m.d.sync += [frame.eq(Cat(Const(REP_OUTPUT, 8), out.tdata, out.tlast, Const(0, 7))),
+                             left.eq(1 + REPLY_BYTES[REP_OUTPUT])]
 
-        # ---------------- command parser
-        sh = Signal(64)             # received bytes shift in from the top: after n bytes they sit in sh[64-8n:]
-        need = Signal(range(9))     # bytes still to receive for the current field
-        idle = Signal(range(self._byte_timeout + 1))
-        opcode = Signal(8)
-        beats = Signal(16)          # beats left after the current one
-        flags = Signal(8)
-        rst_count = Signal(range(_RESET_CYCLES + 1))
+
+class _Parser:
+    """The command parser's registers and FSM states (:meth:`LinkBridge.elaborate` opens the FSM).
+
+    Received bytes shift into ``sh`` from the top: after ``n`` bytes of a field they sit in
+    ``sh[-8n:]``, the first lowest (:meth:`arg`). Results read back (register data, DRAM status and CRC)
+    are kept in ``sh``'s top bits until the reply is queued."""
+
+    def __init__(self, m: Module, bridge: LinkBridge):
+        self.m, self.br = m, bridge
+        board = bridge.has_board
+        self.sh = Signal(72 if board else 64)            # 'T' has 9 argument bytes
+        self.need = Signal(range(10))                     # bytes still to receive for the current field
+        self.idle = Signal(range(bridge.byte_timeout + 1))
+        self.beats = Signal(16)                           # 'S'/'L' beats left after the current one
+        self.tlast = Signal()                             # 'S' flags bit 0
+        self.to_dram = Signal()                           # the beats are an 'L''s
+        self.rst_count = Signal(range(RESET_CYCLES + 1))
+        self.rep = Signal(48 if board else 40)            # the reply's bytes, first byte lowest
+        self.rep_len = Signal(range(7))
+        self.rep_valid = Signal()
+        self.rep_ack = Signal()
+
+    def arg(self, n: int, offset: int, size: int):
+        """Bytes ``offset .. offset + size`` of the last ``n`` bytes received (little-endian)."""
+        base = len(self.sh) - 8 * n
+        return self.sh[base + 8 * offset:base + 8 * (offset + size)]
+
+    def result(self, size: int):
+        """The top ``size`` bytes of ``sh``: where a reply's fields wait."""
+        return self.sh[len(self.sh) - 8 * size:]
+
+    def reply(self, *fields):
+        """Queue the reply frame ``fields`` (opcode byte first) and go back to IDLE once it is taken."""
+        m = self.m
+        value = Cat(*fields)
+        assert len(value) % 8 == 0 and len(value) <= len(self.rep)
+        m.d.comb += [self.rep_valid.eq(1), self.rep.eq(value), self.rep_len.eq(len(value) // 8)]
+        with m.If(self.rep_ack):
+            m.next = "IDLE"
+
+    def receive(self, then, abandon=None):
+        """Take ``need`` bytes into ``sh`` (the state before sets ``need``), then go to ``then``. After
+        ``byte_timeout`` cycles without a byte the command is abandoned: ``abandon()`` (default: to IDLE)."""
+        m, br, need, idle = self.m, self.br, self.need, self.idle
+        m.d.comb += br.rx.ready.eq(need != 0)
+        with m.If(need == 0):
+            m.next = then
+        with m.Elif(br.rx.valid):
+            m.d.sync += [self.sh.eq(Cat(self.sh[8:], br.rx.payload)), need.eq(need - 1), idle.eq(0)]
+        with m.Elif(idle == br.byte_timeout):
+            m.d.sync += [idle.eq(0), br.timeouts.eq(br.timeouts + 1)]
+            if abandon is None:
+                m.next = "IDLE"
+            else:
+                abandon()
+        with m.Else():
+            m.d.sync += idle.eq(idle + 1)
+
+    def idle_state(self):
+        """IDLE: take an opcode, set the count of its argument bytes, go to its first state."""
+        m, br = self.m, self.br
+        states = {OP_READ: "READ_ARGS", OP_WRITE: "WRITE_ARGS", OP_STREAM: "STREAM_ARGS"}
+        if br.has_board:
+            states.update({OP_BOARD_READ: "GET_ARGS", OP_BOARD_WRITE: "PUT_ARGS", OP_DRAM_WRITE: "LOAD_ARGS",
+                           OP_DRAM_CRC: "CRC_ARGS", OP_TOKEN: "TOKEN_ARGS"})
+        with m.State("IDLE"):
+            m.d.comb += br.rx.ready.eq(1)
+            m.d.sync += self.idle.eq(0)
+            with m.If(br.rx.valid):
+                with m.Switch(br.rx.payload):
+                    for op, state in states.items():
+                        with m.Case(op):
+                            m.d.sync += self.need.eq(COMMAND_BYTES[op])
+                            m.next = state
+                    with m.Case(OP_RESET):
+                        m.d.sync += self.rst_count.eq(RESET_CYCLES)
+                        m.next = "RESET"
+                    with m.Default():
+                        m.next = "UNKNOWN"
+
+    def core_states(self):
+        """'R', 'W', 'S' (and the beats of 'L'), 'X'."""
+        m, br, bus, w0 = self.m, self.br, self.br.axil, self.br.w0
         aw_done, w_done = Signal(), Signal()
 
-        def reply(*fields, length):
-            m.d.comb += [rep_valid.eq(1), rep.eq(Cat(*fields)), rep_len.eq(length)]
-            with m.If(rep_ack):
-                m.next = "IDLE"
+        with m.State("READ_ARGS"):
+            self.receive("READ_AR")
+        with m.State("READ_AR"):
+            m.d.comb += [bus.araddr.eq(self.arg(1, 0, 1)), bus.arvalid.eq(1)]
+            with m.If(bus.arready):
+                m.next = "READ_R"
+        with m.State("READ_R"):
+            m.d.comb += bus.rready.eq(1)
+            with m.If(bus.rvalid):
+                m.d.sync += self.result(4).eq(bus.rdata)
+                m.next = "READ_REPLY"
+        with m.State("READ_REPLY"):
+            self.reply(Const(REP_READ, 8), self.result(4))
 
-        def receive(then):
-            """Take ``need`` bytes into ``sh`` (the state before sets ``need``), then go to ``then``."""
-            m.d.comb += self.rx.ready.eq(need != 0)
-            with m.If(need == 0):
-                m.next = then
-            with m.Elif(self.rx.valid):
-                m.d.sync += [sh.eq(Cat(sh[8:], self.rx.payload)), need.eq(need - 1), idle.eq(0)]
-            with m.Elif(idle == self._byte_timeout):
-                m.d.sync += [idle.eq(0), self.timeouts.eq(self.timeouts + 1)]
-                m.next = "IDLE"
-            with m.Else():
-                m.d.sync += idle.eq(idle + 1)
+        with m.State("WRITE_ARGS"):
+            self.receive("WRITE_AW")
+            m.d.sync += [aw_done.eq(0), w_done.eq(0)]
+        with m.State("WRITE_AW"):
+            m.d.comb += [bus.awaddr.eq(self.arg(5, 0, 1)), bus.awvalid.eq(~aw_done), bus.wdata.eq(self.arg(5, 1, 4)),
+                         bus.wstrb.eq(0xF), bus.wvalid.eq(~w_done)]
+            with m.If(bus.awvalid & bus.awready):
+                m.d.sync += aw_done.eq(1)
+            with m.If(bus.wvalid & bus.wready):
+                m.d.sync += w_done.eq(1)
+            with m.If((aw_done | bus.awready) & (w_done | bus.wready)):
+                m.next = "WRITE_B"
+        with m.State("WRITE_B"):
+            m.d.comb += bus.bready.eq(1)
+            with m.If(bus.bvalid):
+                m.next = "WRITE_REPLY"
+        with m.State("WRITE_REPLY"):
+            self.reply(Const(REP_WRITE, 8))
 
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.rx.ready.eq(1)
-                m.d.sync += idle.eq(0)
-                with m.If(self.rx.valid):
-                    m.d.sync += opcode.eq(self.rx.payload)
-                    with m.Switch(self.rx.payload):
-                        with m.Case(OP_READ):
-                            m.d.sync += need.eq(1)
-                            m.next = "READ_ARGS"
-                        with m.Case(OP_WRITE):
-                            m.d.sync += need.eq(5)
-                            m.next = "WRITE_ARGS"
-                        with m.Case(OP_STREAM):
-                            m.d.sync += need.eq(3)
-                            m.next = "STREAM_ARGS"
-                        with m.Case(OP_RESET):
-                            m.d.sync += rst_count.eq(_RESET_CYCLES)
-                            m.next = "RESET"
-                        with m.Default():
-                            m.next = "UNKNOWN"
+        with m.State("STREAM_ARGS"):     # n-1 (2 bytes), flags (1 byte)
+            self.receive("STREAM_SETUP")
+        with m.State("STREAM_SETUP"):
+            m.d.sync += [self.beats.eq(self.arg(3, 0, 2)), self.tlast.eq(self.arg(3, 2, 1)[0]),
+                         self.need.eq(BEAT_BYTES)]
+            if br.has_board:
+                m.d.sync += self.to_dram.eq(0)
+            m.next = "STREAM_DATA"
+        with m.State("STREAM_DATA"):
+            self.receive("STREAM_BEAT", self._abandon_beats if br.has_board else None)
+        with m.State("STREAM_BEAT"):
+            beat = self.arg(BEAT_BYTES, 0, BEAT_BYTES)
+            m.d.comb += [w0.tdata.eq(beat), w0.tlast.eq((self.beats == 0) & self.tlast)]
+            if br.has_board:     # an 'L''s beats go to the board's DRAM writer, an 'S''s to the core
+                dd = br.board.dram_data
+                m.d.comb += [dd.payload.eq(beat), dd.valid.eq(self.to_dram), w0.tvalid.eq(~self.to_dram)]
+                taken = Mux(self.to_dram, dd.ready, w0.tready)
+            else:
+                m.d.comb += w0.tvalid.eq(1)
+                taken = w0.tready
+            with m.If(taken):
+                with m.If(self.beats == 0):
+                    m.next = "STREAM_REPLY"
+                    if br.has_board:
+                        with m.If(self.to_dram):
+                            m.next = "LOAD_WAIT"
+                with m.Else():
+                    m.d.sync += [self.beats.eq(self.beats - 1), self.need.eq(BEAT_BYTES)]
+                    m.next = "STREAM_DATA"
+        with m.State("STREAM_REPLY"):
+            self.reply(Const(REP_STREAM, 8))
 
-            with m.State("READ_ARGS"):
-                receive("READ_AR")
-            with m.State("READ_AR"):
-                m.d.comb += [bus.araddr.eq(sh[56:64]), bus.arvalid.eq(1)]
-                with m.If(bus.arready):
-                    m.next = "READ_R"
-            with m.State("READ_R"):
-                m.d.comb += bus.rready.eq(1)
-                with m.If(bus.rvalid):
-                    m.d.sync += sh[32:].eq(bus.rdata)
-                    m.next = "READ_REPLY"
-            with m.State("READ_REPLY"):
-                reply(Const(REP_READ, 8), sh[32:], length=5)
+        with m.State("RESET"):
+            m.d.comb += br.core_rst.eq(1)
+            m.d.sync += self.rst_count.eq(self.rst_count - 1)
+            with m.If(self.rst_count == 1):
+                m.next = "RESET_REPLY"
+        with m.State("RESET_REPLY"):
+            self.reply(Const(REP_RESET, 8))
 
-            with m.State("WRITE_ARGS"):
-                receive("WRITE_AW")
-                m.d.sync += [aw_done.eq(0), w_done.eq(0)]
-            with m.State("WRITE_AW"):    # address sh[24:32], data sh[32:64]
-                m.d.comb += [bus.awaddr.eq(sh[24:32]), bus.awvalid.eq(~aw_done), bus.wdata.eq(sh[32:]),
-                             bus.wstrb.eq(0xF), bus.wvalid.eq(~w_done)]
-                with m.If(bus.awvalid & bus.awready):
-                    m.d.sync += aw_done.eq(1)
-                with m.If(bus.wvalid & bus.wready):
-                    m.d.sync += w_done.eq(1)
-                with m.If((aw_done | bus.awready) & (w_done | bus.wready)):
-                    m.next = "WRITE_B"
-            with m.State("WRITE_B"):
-                m.d.comb += bus.bready.eq(1)
-                with m.If(bus.bvalid):
-                    m.next = "WRITE_REPLY"
-            with m.State("WRITE_REPLY"):
-                reply(Const(REP_WRITE, 8), length=1)
+    def _abandon_beats(self):
+        """An 'L' abandoned among its beats completes its DRAM write with zero beats (LOAD_FLUSH); an 'S' just
+        stops."""
+        m = self.m
+        with m.If(self.to_dram):
+            m.next = "LOAD_FLUSH"
+        with m.Else():
+            m.next = "IDLE"
 
-            with m.State("STREAM_ARGS"):    # n-1 in sh[40:56], flags in sh[56:64]
-                receive("STREAM_SETUP")
-            with m.State("STREAM_SETUP"):
-                m.d.sync += [beats.eq(sh[40:56]), flags.eq(sh[56:64]), need.eq(8)]
+    def board_states(self):
+        """'G', 'P', 'L', 'C', 'T' over the ``board`` port."""
+        m, bp = self.m, self.br.board
+
+        with m.State("GET_ARGS"):
+            self.receive("GET")
+        with m.State("GET"):
+            m.d.comb += bp.reg_addr.eq(self.arg(1, 0, 1))
+            m.d.sync += self.result(4).eq(bp.reg_rdata)
+            m.next = "GET_REPLY"
+        with m.State("GET_REPLY"):
+            self.reply(Const(REP_BOARD_READ, 8), self.result(4))
+
+        with m.State("PUT_ARGS"):
+            self.receive("PUT")
+        with m.State("PUT"):
+            m.d.comb += [bp.reg_addr.eq(self.arg(5, 0, 1)), bp.reg_wdata.eq(self.arg(5, 1, 4)), bp.reg_we.eq(1)]
+            m.next = "PUT_REPLY"
+        with m.State("PUT_REPLY"):
+            self.reply(Const(REP_BOARD_WRITE, 8))
+
+        with m.State("LOAD_ARGS"):      # addr (4 bytes), n-1 (2 bytes)
+            self.receive("LOAD_CMD")
+        with m.State("LOAD_CMD"):
+            n1 = self.arg(6, 4, 2)
+            m.d.comb += [bp.dram_cmd.valid.eq(1), bp.dram_cmd.payload.write.eq(1),
+                         bp.dram_cmd.payload.addr.eq(self.arg(6, 0, 4)),
+                         bp.dram_cmd.payload.length.eq((n1 + 1) * BEAT_BYTES)]
+            with m.If(bp.dram_cmd.ready):
+                m.d.sync += [self.beats.eq(n1), self.tlast.eq(0), self.to_dram.eq(1), self.need.eq(BEAT_BYTES)]
                 m.next = "STREAM_DATA"
-            with m.State("STREAM_DATA"):
-                receive("STREAM_BEAT")
-            with m.State("STREAM_BEAT"):
-                m.d.comb += [w0.tdata.eq(sh), w0.tvalid.eq(1), w0.tlast.eq((beats == 0) & flags[0])]
-                with m.If(w0.tready):
-                    with m.If(beats == 0):
-                        m.next = "STREAM_REPLY"
-                    with m.Else():
-                        m.d.sync += [beats.eq(beats - 1), need.eq(8)]
-                        m.next = "STREAM_DATA"
-            with m.State("STREAM_REPLY"):
-                reply(Const(REP_STREAM, 8), length=1)
+        with m.State("LOAD_WAIT"):
+            m.d.comb += bp.dram_done.ready.eq(1)
+            with m.If(bp.dram_done.valid):
+                m.d.sync += self.result(1).eq(bp.dram_done.payload.status)
+                m.next = "LOAD_REPLY"
+        with m.State("LOAD_REPLY"):
+            self.reply(Const(REP_DRAM_WRITE, 8), self.result(1))
+        with m.State("LOAD_FLUSH"):     # the rest of an abandoned 'L': zero beats, then no reply
+            m.d.comb += [bp.dram_data.valid.eq(1), bp.dram_data.payload.eq(0)]
+            with m.If(bp.dram_data.ready):
+                m.d.sync += self.beats.eq(self.beats - 1)
+                with m.If(self.beats == 0):
+                    m.next = "LOAD_FLUSH_DONE"
+        with m.State("LOAD_FLUSH_DONE"):
+            m.d.comb += bp.dram_done.ready.eq(1)
+            with m.If(bp.dram_done.valid):
+                m.next = "IDLE"
 
-            with m.State("RESET"):
-                m.d.comb += self.core_rst.eq(1)
-                m.d.sync += rst_count.eq(rst_count - 1)
-                with m.If(rst_count == 1):
-                    m.next = "RESET_REPLY"
-            with m.State("RESET_REPLY"):
-                reply(Const(REP_RESET, 8), length=1)
+        with m.State("CRC_ARGS"):       # addr (4 bytes), bytes (4 bytes)
+            self.receive("CRC_CMD")
+        with m.State("CRC_CMD"):
+            m.d.comb += [bp.dram_cmd.valid.eq(1), bp.dram_cmd.payload.write.eq(0),
+                         bp.dram_cmd.payload.addr.eq(self.arg(8, 0, 4)),
+                         bp.dram_cmd.payload.length.eq(self.arg(8, 4, 4))]
+            with m.If(bp.dram_cmd.ready):
+                m.next = "CRC_WAIT"
+        with m.State("CRC_WAIT"):
+            m.d.comb += bp.dram_done.ready.eq(1)
+            with m.If(bp.dram_done.valid):
+                m.d.sync += self.result(5).eq(Cat(bp.dram_done.payload.crc, bp.dram_done.payload.status))
+                m.next = "CRC_REPLY"
+        with m.State("CRC_REPLY"):
+            self.reply(Const(REP_DRAM_CRC, 8), self.result(5))
 
-            with m.State("UNKNOWN"):
-                reply(Const(REP_UNKNOWN, 8), length=1)
-        return m
+        with m.State("TOKEN_ARGS"):     # token (4 bytes), position (4 bytes), flags (1 byte)
+            self.receive("TOKEN_CMD")
+        with m.State("TOKEN_CMD"):
+            m.d.comb += [bp.token.valid.eq(1), bp.token.payload.token.eq(self.arg(9, 0, 4)),
+                         bp.token.payload.position.eq(self.arg(9, 4, 4)),
+                         bp.token.payload.flags.eq(self.arg(9, 8, 1))]
+            with m.If(bp.token.ready):
+                m.next = "TOKEN_WAIT"
+        with m.State("TOKEN_WAIT"):
+            m.d.comb += bp.token_done.ready.eq(1)
+            with m.If(bp.token_done.valid):
+                m.d.sync += self.result(1).eq(bp.token_done.payload)
+                m.next = "TOKEN_REPLY"
+        with m.State("TOKEN_REPLY"):
+            self.reply(Const(REP_TOKEN, 8), self.result(1))
 
 
-class UARTLink(wiring.Component):
-    """UART receiver, receive FIFO, :class:`LinkBridge` and transmitter: the whole host link.
+def _uart_parts(m, *, divisor: int, fifo_depth: int, rx, tx, overflow, framing):
+    """Add a :class:`UARTRx`, a receive FIFO of ``fifo_depth`` bytes and a :class:`UARTTx` to ``m`` (as
+    ``uart_rx``, ``fifo``, ``uart_tx``), joined to the pins ``rx``/``tx`` and the flags ``overflow`` (sticky)
+    and ``framing``. Returns (the FIFO's read stream: received bytes, the transmitter's ``i``: bytes to send)."""
+    m.submodules.uart_rx = urx = UARTRx(divisor=divisor)
+    m.submodules.uart_tx = utx = UARTTx(divisor=divisor)
+    m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=8, depth=fifo_depth)
+    m.d.comb += [urx.rx.eq(rx), tx.eq(utx.tx), framing.eq(urx.framing), q.w_data.eq(urx.data),
+                 q.w_en.eq(urx.valid)]
+    with m.If(urx.valid & ~q.w_rdy):
+        m.d.sync += overflow.eq(1)
+    return q.r_stream, utx.i
+
+
+def _check_fifo_depth(fifo_depth):
+    if not isinstance(fifo_depth, int) or isinstance(fifo_depth, bool) or fifo_depth < 16:
+        raise ValueError(f"fifo_depth must be an integer >= 16, got {fifo_depth!r}")
+
+
+class UARTPhy(wiring.Component):
+    """The serial line as byte streams: :class:`UARTRx` into a receive FIFO, and :class:`UARTTx`.
 
     Parameters
     ----------
     divisor : int
         Clock cycles per bit (clock frequency / baud rate), >= 4.
     fifo_depth : int
-        Receive FIFO bytes (:data:`RX_FIFO_BYTES`; the host's window must fit in it).
+        Receive FIFO bytes (:data:`~hw.boards.link_protocol.RX_FIFO_BYTES`; the host's window must fit in it).
+
+    Attributes
+    ----------
+    rx : In(1), tx : Out(1)
+        The serial lines (idle high).
+    o : Out(stream.Signature(8))
+        Received bytes, from the FIFO.
+    i : In(stream.Signature(8))
+        Bytes to send.
+    overflow : Out(1)
+        Sticky: a received byte found the FIFO full (the host broke the window; reset to clear).
+    framing : Out(16)
+        As :class:`UARTRx`.
+    """
+
+    rx: In(1, init=1)
+    tx: Out(1, init=1)
+    o: Out(stream.Signature(8))
+    i: In(stream.Signature(8))
+    overflow: Out(1)
+    framing: Out(16)
+
+    def __init__(self, *, divisor: int, fifo_depth: int = RX_FIFO_BYTES):
+        _check_divisor(divisor)
+        _check_fifo_depth(fifo_depth)
+        self._divisor, self._fifo_depth = divisor, fifo_depth
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        received, send = _uart_parts(m, divisor=self._divisor, fifo_depth=self._fifo_depth, rx=self.rx,
+                                     tx=self.tx, overflow=self.overflow, framing=self.framing)
+        wiring.connect(m, received, wiring.flipped(self.o))
+        wiring.connect(m, wiring.flipped(self.i), send)
+        return m
+
+
+class UARTLink(wiring.Component):
+    """UART receiver, receive FIFO, a stream-only :class:`LinkBridge` and transmitter: the whole host link of a
+    board without DRAM.
+
+    Parameters
+    ----------
+    divisor : int
+        Clock cycles per bit (clock frequency / baud rate), >= 4.
+    fifo_depth : int
+        Receive FIFO bytes (:data:`~hw.boards.link_protocol.RX_FIFO_BYTES`; the host's window must fit in it).
     byte_timeout : int
         See :class:`LinkBridge`.
 
@@ -395,24 +741,18 @@ class UARTLink(wiring.Component):
 
     def __init__(self, *, divisor: int, fifo_depth: int = RX_FIFO_BYTES, byte_timeout: int = 1 << 24):
         _check_divisor(divisor)
-        if not isinstance(fifo_depth, int) or fifo_depth < 16:
-            raise ValueError(f"fifo_depth must be an integer >= 16, got {fifo_depth!r}")
+        _check_fifo_depth(fifo_depth)
         self._divisor, self._fifo_depth, self._byte_timeout = divisor, fifo_depth, byte_timeout
         super().__init__()
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.uart_rx = urx = UARTRx(divisor=self._divisor)
-        m.submodules.uart_tx = utx = UARTTx(divisor=self._divisor)
-        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=8, depth=self._fifo_depth)
+        received, send = _uart_parts(m, divisor=self._divisor, fifo_depth=self._fifo_depth, rx=self.rx,
+                                     tx=self.tx, overflow=self.overflow, framing=self.framing)
         m.submodules.bridge = br = LinkBridge(byte_timeout=self._byte_timeout)
-        m.d.comb += [urx.rx.eq(self.rx), self.tx.eq(utx.tx), self.framing.eq(urx.framing),
-                     self.core_rst.eq(br.core_rst), self.timeouts.eq(br.timeouts)]
-        m.d.comb += [q.w_data.eq(urx.data), q.w_en.eq(urx.valid)]
-        with m.If(urx.valid & ~q.w_rdy):
-            m.d.sync += self.overflow.eq(1)
-        wiring.connect(m, q.r_stream, br.rx)
-        wiring.connect(m, br.tx, utx.i)
+        m.d.comb += [self.core_rst.eq(br.core_rst), self.timeouts.eq(br.timeouts)]
+        wiring.connect(m, received, br.rx)
+        wiring.connect(m, br.tx, send)
         wiring.connect(m, wiring.flipped(self.axil), br.axil)
         wiring.connect(m, wiring.flipped(self.w0), br.w0)
         wiring.connect(m, wiring.flipped(self.out), br.out)
