@@ -7,9 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.sim import Simulator
 
 from hw.boards import __main__ as dispatcher
 from hw.boards import ecp5
+from hw.dram import NativePortSignature
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,14 +169,278 @@ def test_publish_copies_only_closed_timing(tmp_path):
 
 def test_sweep_lists_an_unreadable_report_instead_of_failing(tmp_path, monkeypatch):
     root = tmp_path / "repo"
-    good, bad = root / "build/boards/ulx3s-85f/l16_f50_s1", root / "build/boards/ulx3s-85f/l32_f50_s1"
+    good, bad = root / "build/boards/ecpix5-85f/l16_f50_s1", root / "build/boards/ecpix5-85f/l32_f50_s1"
     good.mkdir(parents=True)
     bad.mkdir(parents=True)
     (good / "report.json").write_text(json.dumps({"lanes": 16, "target_mhz": 50.0, "status": "built",
                                                   "timing_met": True, "fmax_mhz": 52.0}))
     (bad / "report.json").write_text('{"lanes": 32, ')          # a build killed while writing
     monkeypatch.setattr(ecp5, "REPO_ROOT", root)
-    res = ecp5.collect_sweep("ulx3s-85f", tmp_path / "out")
+    res = ecp5.collect_sweep("ecpix5-85f", tmp_path / "out")
     assert res["chosen"] == "l16_f50_s1"
     assert [r["config"] for r in res["builds"]] == ["l16_f50_s1", "l32_f50_s1"]
     assert res["builds"][1]["status"].startswith("unreadable report.json")
+
+
+def test_sweep_chooses_among_builds_of_the_boards_default_top(tmp_path, monkeypatch):
+    """The ULX3S builds the DRAM top by default: a faster stream build is listed but not chosen."""
+    root = tmp_path / "repo"
+    for tag, top, fmax in (("l16_f50_s1", "stream", 60.0), ("dram_l16_f50_s1", "dram", 52.0),
+                           ("dram_l16_f50_s2", "dram", 51.0)):
+        d = root / "build/boards/ulx3s-85f" / tag
+        d.mkdir(parents=True)
+        rep = {"lanes": 16, "target_mhz": 50.0, "status": "built", "timing_met": True, "fmax_mhz": fmax}
+        (d / "report.json").write_text(json.dumps({**rep, "top": top} if top == "dram" else rep))
+    monkeypatch.setattr(ecp5, "REPO_ROOT", root)
+    assert ecp5.CHOSEN["ulx3s-85f"]["dram"] and not ecp5.CHOSEN["ecpix5-85f"]["dram"]
+    res = ecp5.collect_sweep("ulx3s-85f", tmp_path / "out")
+    assert res["chosen"] == "dram_l16_f50_s1" and "dram top" in res["rule"]
+    assert {r["config"]: r["top"] for r in res["builds"]}["l16_f50_s1"] == "stream"
+
+
+
+# ------------------------------------------------------------------------------------- the DRAM board top
+
+def test_sdram_clock_phase_is_set_in_eighths_of_a_vco_period():
+    """25 MHz -> 50 MHz (VCO 800 MHz, dividers 1/2/16): the SDRAM clock's CLKOS at the chosen 90 degrees is
+    CPHASE 15 + 4 (four VCO periods of 1.25 ns), FPHASE 0; 180 degrees is CPHASE 23; odd phases use FPHASE."""
+    pll = ecp5.pll_config(25e6, 50e6)
+    assert (pll["clki_div"], pll["clkfb_div"], pll["clkop_div"], pll["f_vco"]) == (1, 2, 16, 800e6)
+    p90 = ecp5.pll_phase_output(pll, 50e6, ecp5.SDRAM_CLK_PHASE_DEG)
+    assert ecp5.SDRAM_CLK_PHASE_DEG == 90
+    assert p90 == {"div": 16, "cphase": 19, "fphase": 0, "f_out": 50e6, "phase_deg": 90.0, "delay_ns": 5.0}
+    assert ecp5.pll_phase_output(pll, 50e6, 180)["cphase"] == 23
+    assert ecp5.pll_phase_output(pll, 50e6, 0)["cphase"] == pll["clkop_div"] - 1      # CLKOP's own zero phase
+    p10 = ecp5.pll_phase_output(pll, 50e6, 10)            # 10 deg = 3.56 eighths -> 4 eighths = 11.25 deg
+    assert (p10["cphase"], p10["fphase"], p10["phase_deg"], p10["delay_ns"]) == (15, 4, 11.25, 0.625)
+    p100 = ecp5.pll_phase_output(pll, 100e6, 90)          # another divider of the same VCO
+    assert (p100["div"], p100["cphase"], p100["fphase"], p100["f_out"]) == (8, 9, 0, 100e6)
+
+
+@pytest.mark.parametrize("f_in,f_out,f_s", [(25e6, 50e6, 50e6), (100e6, 75e6, 75e6), (25e6, 50e6, 25e6),
+                                            (100e6, 100e6, 50e6)])
+def test_sdram_clock_phase_stays_within_the_pll_limits(f_in, f_out, f_s):
+    pll = ecp5.pll_config(f_in, f_out)
+    for deg in range(0, 360, 7):
+        p = ecp5.pll_phase_output(pll, f_s, deg)
+        assert 1 <= p["div"] <= 128 and 0 <= p["cphase"] <= 127 and 0 <= p["fphase"] <= 7
+        assert 3.125e6 <= p["f_out"] <= 400e6 and p["f_out"] == pytest.approx(f_s)
+        eighths = (p["cphase"] - (p["div"] - 1)) * 8 + p["fphase"]
+        assert p["phase_deg"] == pytest.approx(eighths * 45 / p["div"])
+        step = 45 / p["div"]                                 # the resolution: an eighth of a VCO period
+        assert abs(p["phase_deg"] - deg) <= step / 2 + 1e-9 or abs(p["phase_deg"] - deg + 360) <= step / 2 + 1e-9
+        assert p["delay_ns"] == pytest.approx(p["phase_deg"] / 360 / f_s * 1e9, abs=1e-4)
+
+
+def test_sdram_clock_phase_refuses_what_the_pll_cannot_make():
+    pll = ecp5.pll_config(25e6, 50e6)
+    for bad in (-1, 360, 400):
+        with pytest.raises(ValueError, match="outside 0 <= phase < 360"):
+            ecp5.pll_phase_output(pll, 50e6, bad)
+    with pytest.raises(ValueError, match="output divider"):
+        ecp5.pll_phase_output(pll, 33e6, 90)                 # 800 / 33 is no whole divider
+    with pytest.raises(ValueError, match="output divider"):
+        ecp5.pll_phase_output(pll, 800e6, 90)                # above the outputs' 400 MHz
+
+
+def test_build_refuses_a_dram_top_without_a_litedram_config(tmp_path):
+    assert ecp5.BOARDS["ulx3s-85f"].dram_config.name == "ulx3s.yml" and ecp5.BOARDS["ecpix5-85f"].dram_config is None
+    with pytest.raises(ValueError, match="no LiteDRAM config"):
+        ecp5.build("ecpix5-85f", tmp_path, freq_mhz=100, baud=2_000_000, dram=True)
+
+
+def test_dram_builds_have_their_own_folder():
+    core = {**ecp5.DEFAULT_PARAMS, "lanes": 16, "quant_lanes": 4}
+    assert ecp5.build_tag(core, 50.0, 1, placer="static", dram=True) == "dram_l16_q4_f50_s1_static"
+    assert ecp5.build_tag(core, 50.0, 1, dram=True, sdram_phase_deg=180) == "dram_l16_q4_f50_p180_s1"
+    assert ecp5.build_tag(core, 50.0, 1, sdram_phase_deg=180) == "l16_q4_f50_s1"       # a stream top has no phase
+
+
+def test_clock_roles_tell_the_core_clock_from_the_sdram_clock():
+    clocks = {"$glbnet$sdram_clk_clk": {"target_mhz": 50.0}, "$glbnet$clk": {"target_mhz": 50.0},
+              "$glbnet$clk25_0__i": {"target_mhz": 25.0}}
+    assert ecp5._clock_roles(clocks, 50.0) == {"$glbnet$sdram_clk_clk": "sdram", "$glbnet$clk": "core",
+                                               "$glbnet$clk25_0__i": "other"}
+
+
+def test_dispatcher_builds_the_dram_top_by_default_on_the_ulx3s(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append((board, kw)) or 0)
+    assert dispatcher.main(["ulx3s-85f"]) == 0
+    assert seen[-1][1]["dram"] is True and "sdram_phase_deg" not in seen[-1][1]      # the top's default phase
+    assert (seen[-1][1]["freq_mhz"], seen[-1][1]["baud"], seen[-1][1]["lanes"]) == (50.0, 2_000_000, 16)
+    assert dispatcher.main(["ulx3s-85f", "--sdram-phase", "180"]) == 0
+    assert seen[-1][1]["sdram_phase_deg"] == 180.0
+    assert dispatcher.main(["ulx3s-85f", "--no-dram"]) == 0
+    assert seen[-1][1]["dram"] is False
+    assert dispatcher.main(["ecpix5-85f"]) == 0
+    assert seen[-1][1]["dram"] is False
+    with pytest.raises(SystemExit):
+        dispatcher.main(["ulx3s-85f", "--no-dram", "--sdram-phase", "90"])
+    assert "--sdram-phase applies to the DRAM top" in capsys.readouterr().err
+
+
+def test_dispatcher_reports_a_dram_request_on_a_board_without_dram(capsys):
+    assert dispatcher.main(["ecpix5-85f", "--dram"]) == 2
+    assert "no LiteDRAM config" in capsys.readouterr().err
+
+
+class StandInBoard(wiring.Component):
+    """A stand-in for ``hw.boards.dram_board.DRAMBoard`` with its members: every received byte is sent back,
+    XORed with the low byte of the last word read from DRAM, after one native-port command (a write of the
+    byte, twice, when its bit 0 is set, else a read) at a counting address; ``irq`` is ``dram_ready`` and
+    ``dram_error``/``rx_overflow``/``framing`` feed a register the echo also XORs in (all ports used, so
+    that synthesis keeps the controller)."""
+
+    def __init__(self, *, build, addr_width, port_width, clock_hz, byte_timeout=None):
+        self.params = {"build": build, "addr_width": addr_width, "port_width": port_width, "clock_hz": clock_hz,
+                       "byte_timeout": byte_timeout}
+        super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
+                          "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
+                          "dram_ready": In(1), "dram_error": In(1), "rx_overflow": In(1), "framing": In(16),
+                          "irq": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        byte, addr, last, flags = Signal(8), Signal(self.params["addr_width"]), Signal(8), Signal(8)
+        pending, full = Signal(), Signal()          # a command to issue; a byte to send
+        cmd, tx = self.port.cmd, self.tx
+        m.d.comb += [self.rx.ready.eq(~pending & ~full), cmd.valid.eq(pending), cmd.payload.we.eq(byte[0]),
+                     cmd.payload.addr.eq(addr), self.port.wdata.payload.data.eq(Cat(byte, byte)),
+                     self.port.wdata.payload.we.eq(0b11), tx.valid.eq(full), tx.payload.eq(byte ^ last ^ flags),
+                     self.irq.eq(self.dram_ready)]
+        m.d.sync += flags.eq(Cat(self.dram_error, self.rx_overflow, self.framing[:6]))
+        with m.If(self.rx.valid & self.rx.ready):
+            m.d.sync += [byte.eq(self.rx.payload), pending.eq(1)]
+        with m.If(cmd.valid & cmd.ready):
+            m.d.sync += [pending.eq(0), full.eq(1), addr.eq(addr + 1)]
+        with m.If(tx.valid & tx.ready):
+            m.d.sync += full.eq(0)
+        with m.If(self.port.rdata.valid):
+            m.d.sync += last.eq(self.port.rdata.payload[:8])
+        return m
+
+
+async def _serial_send(ctx, line, byte, divisor):
+    for bit in [0, *((byte >> i) & 1 for i in range(8)), 1]:
+        ctx.set(line, bit)
+        for _ in range(divisor):
+            await ctx.tick()
+
+
+async def _serial_receive(ctx, line, divisor, limit=10_000):
+    """The next byte on ``line`` (8N1), sampled at mid-bit."""
+    for _ in range(limit):
+        if not ctx.get(line):
+            break
+        await ctx.tick()
+    else:
+        raise AssertionError("no start bit")
+    for _ in range(divisor // 2):
+        await ctx.tick()
+    bits = []
+    for _ in range(9):
+        for _ in range(divisor):
+            await ctx.tick()
+        bits.append(ctx.get(line))
+    assert bits[8] == 1, "missing stop bit"
+    return sum(b << i for i, b in enumerate(bits[:8]))
+
+
+def test_linked_dram_board_passes_bytes_both_ways_and_flags_overflow():
+    """The UART receiver, the receive FIFO, the board and the transmitter (LinkedDramBoard) in the Amaranth
+    simulator: bytes sent on ``rx`` reach the board (one DRAM command each) and its bytes leave on ``tx``; a flood
+    while the board is stalled overflows a small FIFO, which sets the sticky ``overflow`` and the board's
+    ``rx_overflow``."""
+    divisor = 4
+    board = StandInBoard(build=ecp5.DEFAULT_BUILD, addr_width=24, port_width=16, clock_hz=50_000_000)
+    dut = ecp5.LinkedDramBoard(board, divisor=divisor, fifo_depth=16)
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    got, sent = [], [0x00, 0x5A, 0xFF, 0x81]
+
+    async def receiver(ctx):
+        for _ in sent:
+            got.append(await _serial_receive(ctx, dut.tx, divisor))
+
+    async def host(ctx):
+        ctx.set(dut.rx, 1)
+        ctx.set(board.port.cmd.ready, 1)
+        for _ in range(5):
+            await ctx.tick()
+        for b in sent:
+            await _serial_send(ctx, dut.rx, b, divisor)
+        for _ in range(40 * divisor):
+            await ctx.tick()
+        assert not ctx.get(dut.overflow) and not ctx.get(board.rx_overflow)
+        ctx.set(board.port.cmd.ready, 0)          # the board stalls: the FIFO fills, then overflows
+        for b in range(20):
+            await _serial_send(ctx, dut.rx, b, divisor)
+        await ctx.tick()
+        assert ctx.get(dut.overflow) and ctx.get(board.rx_overflow)
+
+    sim.add_testbench(host)
+    sim.add_testbench(receiver, background=True)
+    sim.run_until(2e-3)
+    assert got == sent
+
+
+def test_dram_top_checks_its_clock_against_the_litedram_config():
+    pytest.importorskip("yaml")
+    with pytest.raises(ValueError, match="sys_clk_freq"):
+        ecp5.DramEcp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=60e6, baud=2_000_000)
+    with pytest.raises(ValueError, match="one 64-bit weight channel"):
+        ecp5.DramEcp5Top(core_params={**ecp5.DEFAULT_PARAMS, "channels": 2}, clk_in_hz=25e6, freq_hz=50e6,
+                         baud=2_000_000)
+    with pytest.raises(ValueError, match="outside 0 <= phase"):
+        ecp5.DramEcp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=50e6, baud=2_000_000,
+                         sdram_phase_deg=360)
+    top = ecp5.DramEcp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=50e6, baud=2_000_000)
+    assert top.divisor == 25 and top.sdram_clk["cphase"] == 19
+
+
+def _dram_plan(tmp_path, **kw):
+    """The ULX3S DRAM top with the stand-in board, elaborated into a build plan (no tools run)."""
+    pytest.importorskip("litedram")
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+    from hw.dram import generate_core
+
+    core = generate_core()
+    boards = []
+    top = ecp5.DramEcp5Top(core_params=ecp5.DEFAULT_BUILD.replace(lanes=16, quant_lanes=4), clk_in_hz=25e6,
+                           freq_hz=50e6, baud=2_000_000, dram_core=core,
+                           board=lambda **p: boards.append(StandInBoard(**p)) or boards[-1], **kw)
+    plan = ULX3S_85F_Platform().build(top, name="top", build_dir=str(tmp_path), do_build=False)
+    return plan, core, boards[0]
+
+
+def test_dram_top_elaborates_with_the_litedram_core_and_its_pins(tmp_path):
+    plan, core, board = _dram_plan(tmp_path)
+    assert board.params == {"build": ecp5.DEFAULT_BUILD.replace(lanes=16, quant_lanes=4), "addr_width": 24,
+                            "port_width": 16, "clock_hz": 50_000_000, "byte_timeout": None}
+    files = plan.files
+    # the generated core's Verilog is in the build and Yosys reads it before the design
+    assert files[f"{core.name}.v"] == core.verilog[0].read_bytes()
+    ys = files["top.ys"]
+    assert ys.index(f"read_verilog  {core.name}.v") < ys.index("read_rtlil top.il")
+    il = files["top.il"]
+    # the PLL: CLKOP 50 MHz (1/2/16), CLKOS the same at 90 degrees (CPHASE 19) into the SDRAM clock's ODDRX1F
+    pll = il[il.index("cell \\EHXPLLL"):]
+    pll = pll[:pll.index("\n  end")]
+    for param, value in (("CLKI_DIV", 1), ("CLKFB_DIV", 2), ("CLKOP_DIV", 16), ("CLKOP_CPHASE", 15),
+                         ("CLKOS_DIV", 16), ("CLKOS_CPHASE", 19), ("CLKOS_FPHASE", 0)):
+        assert f"parameter \\{param} {value}\n" in pll, param
+    assert 'parameter \\CLKOS_ENABLE "ENABLED"' in pll and "connect \\CLKOS " in pll
+    assert "cell \\ODDRX1F" in il and f"cell \\{core.name}" in il
+    lpf = files["top.lpf"]
+    # every SDRAM pin of the resource is located: the clock at F19, the core's pins at theirs
+    for pin in ("F19", "F20", "P20", "T20", "T19", "R20", "U19", "E20", "P19", "N20", "M20", "G19", "J16", "J17"):
+        assert f'SITE "{pin}"' in lpf, pin
+    assert "LOCATE COMP \"sdram_0__clk__io\" SITE \"F19\"" in lpf
+    assert 'FREQUENCY PORT "clk25_0__io" 25000000' in lpf
+
+
+def test_dram_top_passes_its_phase_to_the_pll(tmp_path):
+    plan, _, _ = _dram_plan(tmp_path, sdram_phase_deg=180)
+    assert "parameter \\CLKOS_CPHASE 23\n" in plan.files["top.il"]

