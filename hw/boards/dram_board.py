@@ -1,0 +1,548 @@
+"""The DRAM boards' gateware between the link's bytes and the DRAM's native port: the model and its embedding
+table live in board DRAM, and the link carries tokens, not vectors (issue 22; docs/DRAM.md).
+
+:class:`DRAMBoard` joins, in one clock domain:
+
+- :class:`hw.boards.uart_link.LinkBridge` (``board=True``): the link protocol of
+  :mod:`hw.boards.link_protocol` on byte streams (``rx``/``tx``; the board top puts
+  :class:`hw.boards.uart_link.UARTPhy` in front);
+- the board registers (:class:`~hw.boards.link_protocol.BoardReg`, ``'G'``/``'P'``);
+- the DRAM engine (``'L'``, ``'C'``): :class:`hw.dram_writer.DRAMStreamWriter` for ``'L'``'s beats, and
+  :class:`hw.dram_reader.DRAMImageReader` into a CRC-32 (``zlib.crc32``'s, 64 bits a beat) for ``'C'``;
+- the token engine (``'T'``): :class:`hw.token_builder.TokenBuilder` makes the token packet from the
+  embedding row in DRAM, then the reader streams the image ``[IMAGE_BASE, IMAGE_BASE + IMAGE_BYTES)``; both
+  go into the core's channel 0, and the core's output packets come back through
+  :class:`hw.argmax_tap.ArgmaxTap` (the whole packet for a token with ``TokenFlags.LOGITS``, else
+  its (position, argmax, flags) summary);
+- the core (:class:`hw.top.Accelerator`), behind one-entry FIFOs on both streams
+  (:func:`hw.boards.uart_link.stream_register`) and a registered core reset, as on the boards without DRAM
+  (:class:`hw.boards.ecp5.LinkedCore`).
+
+One reader and one writer share the one native port: the bridge runs one command at a time, so at most one
+of them is active (the writer owns the port during an ``'L'``, the reader otherwise).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal
+from amaranth.lib import crc, stream, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+from amaranth.utils import ceil_log2
+
+from hw.argmax_tap import ArgmaxTap
+from hw.boards.link_protocol import (
+    BOARD_MAGIC,
+    LINK_VERSION,
+    BoardReg,
+    BoardStatus,
+    DramStatus,
+    TokenFlags,
+    TokenStatus,
+)
+from hw.boards.uart_link import LinkBridge, stream_register
+from hw.dram import NativePortSignature
+from hw.dram_reader import DRAMImageReader
+from hw.dram_writer import DRAMStreamWriter
+from hw.params import BuildParams
+from hw.streams import AXIStreamSignature
+from hw.token_builder import TokenBuilder
+
+__all__ = ["DRAMBoard"]
+
+BEAT_BITS = 64
+
+
+def _int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [{low}, {high if high is not None else 'inf'}], got {value}")
+    return value
+
+
+class DRAMBoard(wiring.Component):
+    """The link, the board registers, the DRAM and token engines and the core of a DRAM board.
+
+    Parameters
+    ----------
+    build : hw.params.BuildParams
+        The core's build (``channels`` 1, ``bus_bits`` 64: the link's and the reader's beats).
+    addr_width : int
+        The native port's word address bits (24 on the ULX3S: 16 M words).
+    port_width : int
+        The native port's word bits (16 on the ULX3S), a power-of-two multiple of 8 dividing 64.
+    clock_hz : int
+        The board clock, Hz (``BoardReg.CLOCK_HZ``; the core and the controller run at it).
+    byte_timeout : int
+        :class:`~hw.boards.uart_link.LinkBridge`'s, clock cycles.
+    core : wiring.Component, optional
+        The core (default ``hw.top.Accelerator(build)``); a stand-in needs its members ``s_axil``,
+        ``s_axis_w0`` (64 bits), ``m_axis_out`` (32 bits) and ``irq``.
+    dram_timeout : int
+        Cycles of waiting on the controller without progress before a read (the reader's ``timeout``) or a
+        write gives up (``DramStatus.TIMEOUT``, ``TokenStatus.READ_TIMEOUT``; default 4096, 82 us at 50 MHz).
+    reader_depth : int
+        The reader's outstanding reads (:class:`~hw.dram_reader.DRAMImageReader`'s ``depth``).
+
+    Members
+    -------
+    rx : In(stream.Signature(8))
+        Received link bytes (from the UART's FIFO).
+    tx : Out(stream.Signature(8))
+        Link bytes to send.
+    port : Out(hw.dram.NativePortSignature(addr_width=addr_width, data_width=port_width))
+        To :class:`hw.dram.LiteDRAMCore`'s ``port``.
+    dram_ready, dram_error : In(1)
+        The controller's ``init_done`` and ``init_error`` (``BoardStatus``; no DRAM command runs before
+        ``dram_ready``: ``DramStatus.NOT_READY``).
+    rx_overflow : In(1)
+        The UART's sticky receive-overflow flag (``BoardStatus.RX_OVERFLOW``).
+    framing : In(16)
+        The UART's count of bytes without a stop bit (``BoardReg.LINK_FRAMING``).
+    irq : Out(1)
+        The core's interrupt (token done or error, a level).
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a parameter of the wrong type or out of range (a build with another channel count or bus width,
+        a DRAM of 4 GiB or more).
+    """
+
+    def __init__(self, *, build: BuildParams, addr_width: int = 24, port_width: int = 16, clock_hz: int,
+                 byte_timeout: int = 1 << 24, core: wiring.Component | None = None, dram_timeout: int = 4096,
+                 reader_depth: int = 64):
+        if not isinstance(build, BuildParams):
+            raise TypeError(f"build must be a hw.params.BuildParams, got {build!r}")
+        if build.channels != 1 or build.bus_bits != BEAT_BITS:
+            raise ValueError(f"a DRAM board feeds one {BEAT_BITS}-bit weight channel: channels=1, bus_bits=64, "
+                             f"got channels={build.channels}, bus_bits={build.bus_bits}")
+        _int("addr_width", addr_width, 1)
+        _int("port_width", port_width, 8, BEAT_BITS)
+        if port_width % 8 or port_width & (port_width - 1):
+            raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
+        if (1 << addr_width) * (port_width // 8) >= 1 << 32:
+            raise ValueError(f"a DRAM of 2**{addr_width} words of {port_width} bits does not fit DRAM_BYTES "
+                             "(32 bits)")
+        _int("clock_hz", clock_hz, 1, (1 << 32) - 1)
+        _int("dram_timeout", dram_timeout, 1)
+        _int("reader_depth", reader_depth, 2)
+        self._build, self._addr_width, self._port_width = build, addr_width, port_width
+        self._clock_hz, self._byte_timeout = clock_hz, byte_timeout
+        self._dram_timeout, self._reader_depth = dram_timeout, reader_depth
+        if core is None:
+            from hw.top import Accelerator
+
+            core = Accelerator(build)
+        self._core = core
+        super().__init__({
+            "rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
+            "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
+            "dram_ready": In(1), "dram_error": In(1), "rx_overflow": In(1), "framing": In(16),
+            "irq": Out(1),
+        })
+
+    @property
+    def build(self) -> BuildParams:
+        return self._build
+
+    @property
+    def core(self) -> wiring.Component:
+        return self._core
+
+    @property
+    def dram_bytes(self) -> int:
+        """``BoardReg.DRAM_BYTES``: ``2**addr_width`` words of ``port_width / 8`` bytes."""
+        return (1 << self._addr_width) * (self._port_width // 8)
+
+    @property
+    def byte_addr_width(self) -> int:
+        """Bits of a byte address in the DRAM."""
+        return self._addr_width + ceil_log2(self._port_width // 8)
+
+    # ------------------------------------------------------------------------------------------------
+    def elaborate(self, platform):
+        m = Module()
+        aw, pw, baw = self._addr_width, self._port_width, self.byte_addr_width
+        m.submodules.bridge = br = LinkBridge(byte_timeout=self._byte_timeout, board=True)
+        connect(m, flipped(self.rx), br.rx)
+        connect(m, br.tx, flipped(self.tx))
+
+        # 'X': the core reset, registered (LinkedCore's), resets the core, the engines' DRAM adapters, the
+        # token builder, the tap and the stream FIFOs; the board registers stay
+        core_rst = Signal()
+        m.d.sync += core_rst.eq(br.core_rst)
+
+        def reset(elaboratable):
+            return ResetInserter({"sync": core_rst})(elaboratable)
+
+        core = self._core
+        reader = DRAMImageReader(addr_width=aw, port_width=pw, beat_width=BEAT_BITS, depth=self._reader_depth,
+                                 timeout=self._dram_timeout)
+        writer = DRAMStreamWriter(addr_width=aw, port_width=pw, beat_width=BEAT_BITS)
+        builder = TokenBuilder(byte_addr_width=baw, beat_width=BEAT_BITS, max_hidden=self._build.max_hidden)
+        tap = ArgmaxTap()
+        m.submodules.core = reset(core)
+        m.submodules.reader = reset(reader)
+        m.submodules.writer = reset(writer)
+        m.submodules.builder = reset(builder)
+        m.submodules.tap = reset(tap)
+        connect(m, br.axil, core.s_axil)
+        m.d.comb += self.irq.eq(core.irq)
+
+        # the streams: w0_in (the mux's output) -> FIFO -> core; core -> FIFO -> tap -> bridge
+        w0_in = AXIStreamSignature(BEAT_BITS).create(path=("w0_in",))
+        w0_fifo = stream_register(m, "w0_fifo", w0_in, core.s_axis_w0, rst=core_rst)
+        stream_register(m, "out_fifo", core.m_axis_out, tap.i, rst=core_rst)
+        m.d.comb += [br.out.tdata.eq(tap.o.payload.data), br.out.tlast.eq(tap.o.payload.last),
+                     br.out.tvalid.eq(tap.o.valid), tap.o.ready.eq(br.out.tready)]
+
+        u = SimpleNamespace(bridge=br, core=core, reader=reader, writer=writer, builder=builder, tap=tap,
+                            w0_in=w0_in, w0_fifo=w0_fifo, core_rst=core_rst)
+        u.tokens = Signal(32)
+        u.load_started = Signal()
+        u.regs = self._registers(m, u)
+        u.write_owner = self._dram_engine(m, u)
+        self._token_engine(m, u)
+        self._port_mux(m, u)
+        return m
+
+    def _registers(self, m, u) -> SimpleNamespace:
+        """The board registers behind ``'G'``/``'P'`` (:class:`~hw.boards.link_protocol.BoardReg`; addresses
+        with their two low bits ignored, unmapped ones read 0; writes to read-only registers are ignored).
+        Returns the writable ones (``image_valid``, ``image_base``, ``image_bytes``, ``image_checksum``,
+        ``embed_base``, ``embed_hidden``, ``embed_vocab``; 32 bits each, ``image_valid`` 1)."""
+        bp = u.bridge.board
+        r = SimpleNamespace(image_valid=Signal(), **{name: Signal(32, name=name) for name in (
+            "image_base", "image_bytes", "image_checksum", "embed_base", "embed_hidden", "embed_vocab")})
+        status = Signal(8)
+        m.d.comb += status.eq(Cat(self.dram_ready, self.dram_error, r.image_valid, u.reader.error,
+                                  u.writer.error, self.rx_overflow))
+        assert [int(f) for f in BoardStatus] == [1 << k for k in range(6)]   # the bit order above
+
+        values = {
+            BoardReg.MAGIC: Const(BOARD_MAGIC, 32), BoardReg.LINK_VERSION: Const(LINK_VERSION, 32),
+            BoardReg.DRAM_BYTES: Const(self.dram_bytes, 32), BoardReg.CLOCK_HZ: Const(self._clock_hz, 32),
+            BoardReg.STATUS: status, BoardReg.IMAGE_BASE: r.image_base, BoardReg.IMAGE_BYTES: r.image_bytes,
+            BoardReg.IMAGE_CHECKSUM: r.image_checksum, BoardReg.EMBED_BASE: r.embed_base,
+            BoardReg.EMBED_HIDDEN: r.embed_hidden, BoardReg.EMBED_VOCAB: r.embed_vocab,
+            BoardReg.LINK_TIMEOUTS: u.bridge.timeouts, BoardReg.LINK_FRAMING: self.framing,
+            BoardReg.TOKENS: u.tokens,
+        }
+        assert set(values) == set(BoardReg)
+        word = bp.reg_addr[2:]
+        with m.Switch(word):
+            for reg, value in values.items():
+                with m.Case(reg >> 2):
+                    m.d.comb += bp.reg_rdata.eq(value)
+        writable = {BoardReg.IMAGE_BASE: r.image_base, BoardReg.IMAGE_BYTES: r.image_bytes,
+                    BoardReg.IMAGE_CHECKSUM: r.image_checksum, BoardReg.EMBED_BASE: r.embed_base,
+                    BoardReg.EMBED_HIDDEN: r.embed_hidden, BoardReg.EMBED_VOCAB: r.embed_vocab}
+        with m.If(bp.reg_we):
+            with m.Switch(word):
+                with m.Case(BoardReg.STATUS >> 2):     # only IMAGE_VALID is writable
+                    m.d.sync += r.image_valid.eq((bp.reg_wdata & BoardStatus.IMAGE_VALID) != 0)
+                for reg, sig in writable.items():
+                    with m.Case(reg >> 2):
+                        m.d.sync += sig.eq(bp.reg_wdata)
+        with m.If(u.load_started):   # any 'L' clears IMAGE_VALID
+            m.d.sync += r.image_valid.eq(0)
+        return r
+
+    def _dram_engine(self, m, u):
+        """``'L'`` and ``'C'``: the bridge's DRAM commands through the writer, or the reader into a CRC-32.
+
+        A command is checked first (``DramStatus.NOT_READY`` before ``dram_ready``; ``BAD_ALIGN`` for an
+        address or a length that is not a multiple of 8 or a range beyond ``DRAM_BYTES``); a refused
+        ``'L'``'s beats are taken and dropped. A write that waits on the controller for ``dram_timeout``
+        cycles without progress ends with ``TIMEOUT`` (its remaining beats dropped; the writer stays stuck
+        until ``'X'``); a read that times out (the reader's ``error``) likewise. The CRC is
+        ``CRC32_ETHERNET`` (``zlib.crc32``'s) over the beats, 64 bits a cycle, byte 0 of a beat first.
+
+        Returns the writer's port ownership (high from the write request until its last word was taken)."""
+        bp, reader, writer = u.bridge.board, u.reader, u.writer
+        baw = self.byte_addr_width
+        m.submodules.dram_crc = proc = crc.catalog.CRC32_ETHERNET(data_width=BEAT_BITS).create()
+        write = Signal()
+        addr = Signal(32)
+        length = Signal(32)
+        beats = Signal(30)               # 'L' beats still to take from the bridge
+        status = Signal(8)
+        result_crc = Signal(32)
+        stall = Signal(range(self._dram_timeout + 1))
+        write_owner = Signal()
+
+        with m.FSM(name="dram_engine"):
+            with m.State("IDLE"):
+                m.d.comb += bp.dram_cmd.ready.eq(1)
+                with m.If(bp.dram_cmd.valid):
+                    c = bp.dram_cmd.payload
+                    m.d.sync += [write.eq(c.write), addr.eq(c.addr), length.eq(c.length),
+                                 beats.eq(c.length >> 3), result_crc.eq(0), stall.eq(0)]
+                    m.d.comb += u.load_started.eq(c.write)
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                bad = (addr[:3] != 0) | (length[:3] != 0) | ((addr + length) > self.dram_bytes)
+                refused = Signal(8)
+                m.d.comb += refused.eq(Mux(~self.dram_ready, DramStatus.NOT_READY, 0)
+                                       | Mux(bad, DramStatus.BAD_ALIGN, 0))
+                m.d.sync += status.eq(refused)
+                with m.If(write):
+                    with m.If(refused != 0):
+                        m.next = "DISCARD"
+                    with m.Elif(writer.error):
+                        m.d.sync += status.eq(DramStatus.WRITER_ERROR)
+                        m.next = "DISCARD"
+                    with m.Elif(~writer.req.ready):   # still stuck after a time-out
+                        m.d.sync += status.eq(DramStatus.TIMEOUT)
+                        m.next = "DISCARD"
+                    with m.Else():
+                        m.next = "WRITE_REQ"
+                with m.Else():
+                    with m.If(refused != 0):
+                        m.next = "DONE"
+                    with m.Elif(reader.error):
+                        m.d.sync += status.eq(DramStatus.TIMEOUT)
+                        m.next = "DONE"
+                    with m.Elif(length == 0):     # zlib.crc32(b"") == 0
+                        m.next = "DONE"
+                    with m.Else():
+                        m.next = "CRC_REQ"
+
+            with m.State("WRITE_REQ"):
+                m.d.comb += [write_owner.eq(1), writer.req.valid.eq(1), writer.req.payload.base.eq(addr[:baw]),
+                             writer.req.payload.length.eq(length[:baw + 1])]
+                with m.If(writer.req.ready):
+                    m.next = "WRITE"
+            with m.State("WRITE"):
+                m.d.comb += [write_owner.eq(1), writer.i.payload.eq(bp.dram_data.payload),
+                             writer.i.valid.eq(bp.dram_data.valid & (beats != 0)),
+                             bp.dram_data.ready.eq(writer.i.ready & (beats != 0))]
+                with m.If(bp.dram_data.valid & bp.dram_data.ready):
+                    m.d.sync += beats.eq(beats - 1)
+                port = self.port
+                progress = (port.cmd.valid & port.cmd.ready) | port.wdata.ready
+                waiting = (writer.port.cmd.valid & ~port.cmd.ready) | ((beats == 0) & writer.busy)
+                with m.If(progress | ~waiting):
+                    m.d.sync += stall.eq(0)
+                with m.Else():
+                    m.d.sync += stall.eq(stall + 1)
+                with m.If(writer.error):
+                    m.d.sync += status.eq(DramStatus.WRITER_ERROR)
+                    m.next = "DISCARD"
+                with m.Elif(stall == self._dram_timeout):
+                    m.d.sync += status.eq(DramStatus.TIMEOUT)
+                    m.next = "DISCARD"
+                with m.Elif((beats == 0) & ~writer.busy):
+                    m.next = "DONE"
+            with m.State("DISCARD"):        # a refused or failed 'L': its (remaining) beats are dropped
+                m.d.comb += bp.dram_data.ready.eq(1)
+                with m.If(beats == 0):
+                    m.next = "DONE"
+                with m.Elif(bp.dram_data.valid):
+                    m.d.sync += beats.eq(beats - 1)
+
+            with m.State("CRC_REQ"):
+                m.d.comb += [reader.req.valid.eq(1), reader.req.payload.base.eq(addr[:baw]),
+                             reader.req.payload.length.eq(length[:baw + 1]), proc.start.eq(1)]
+                with m.If(reader.req.ready):
+                    m.next = "CRC_READ"
+            with m.State("CRC_READ"):
+                m.d.comb += [reader.o.ready.eq(1), proc.data.eq(reader.o.payload.data),
+                             proc.valid.eq(reader.o.valid)]
+                with m.If(reader.o.valid & reader.o.payload.last):
+                    m.next = "CRC_END"
+                with m.Elif(reader.error):
+                    m.d.sync += status.eq(DramStatus.TIMEOUT)
+                    m.next = "DONE"
+            with m.State("CRC_END"):        # the CRC register took the last beat
+                m.d.sync += result_crc.eq(proc.crc)
+                m.next = "DONE"
+
+            with m.State("DONE"):
+                m.d.comb += [bp.dram_done.valid.eq(1), bp.dram_done.payload.status.eq(status),
+                             bp.dram_done.payload.crc.eq(result_crc)]
+                with m.If(bp.dram_done.ready):
+                    m.next = "IDLE"
+        return write_owner
+
+    def _token_engine(self, m, u):
+        """``'T'``: check, build the token packet, stream it and the image into channel 0, report.
+
+        Refusals come first and send nothing to the core: ``NO_IMAGE`` (``IMAGE_VALID`` clear, or an image of
+        fewer than 8 bytes), ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
+        builder's ``BAD_TOKEN``/``BAD_HIDDEN`` (``EMBED_HIDDEN`` above ``max_hidden`` reaches the builder as
+        0). A read that times out mid-token ends it with ``READ_TIMEOUT`` (the core waits for the rest of
+        its stream until ``'X'``). ``CORE_ERROR``: the core's ``irq`` is high once the image's last beat has
+        entered the core (taken from the stream FIFO), which then means ``STATUS.ERROR``: ``DONE`` cannot be
+        set before the core has taken its image's last beat, and the previous token's ``DONE`` was cleared
+        when the core read this token packet's magic. While in error the core takes and drops its input, so
+        the image stream always finishes. ``'S'`` beats pass to the core while no token runs."""
+        bp, reader, builder, core = u.bridge.board, u.reader, u.builder, u.core
+        regs, w0_in, w0 = u.regs, u.w0_in, u.bridge.w0
+        token, position, logits = Signal(32), Signal(32), Signal()
+        status = Signal(8)
+        start = Signal()        # a token's stream starts (its flags decide the tap's mode)
+        streaming = Signal()    # from then until its status is known
+        max_hidden = self._build.max_hidden
+        hidden_in = Signal(range(max_hidden + 1))
+        m.d.comb += hidden_in.eq(Mux(regs.embed_hidden > max_hidden, 0, regs.embed_hidden))
+
+        # channel 0's source: 'S' beats from the bridge unless a token's packet or image streams
+        src = Signal(range(3))  # 0: the bridge, 1: the builder's packet, 2: the reader's image
+        with m.Switch(src):
+            with m.Case(0):
+                m.d.comb += [w0_in.tdata.eq(w0.tdata), w0_in.tlast.eq(w0.tlast), w0_in.tvalid.eq(w0.tvalid),
+                             w0.tready.eq(w0_in.tready)]
+            with m.Case(1):
+                m.d.comb += [w0_in.tdata.eq(builder.o.payload.data), w0_in.tlast.eq(builder.o.payload.last),
+                             w0_in.tvalid.eq(builder.o.valid), builder.o.ready.eq(w0_in.tready)]
+            with m.Case(2):
+                m.d.comb += [w0_in.tdata.eq(reader.o.payload.data), w0_in.tlast.eq(reader.o.payload.last),
+                             w0_in.tvalid.eq(reader.o.valid), reader.o.ready.eq(w0_in.tready)]
+        taken = w0_in.tvalid & w0_in.tready
+
+        with m.FSM(name="token_engine"):
+            with m.State("IDLE"):
+                m.d.comb += bp.token.ready.eq(1)
+                with m.If(bp.token.valid):
+                    p = bp.token.payload
+                    m.d.sync += [token.eq(p.token), position.eq(p.position),
+                                 logits.eq((p.flags & TokenFlags.LOGITS) != 0), u.tokens.eq(u.tokens + 1)]
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                with m.If(~regs.image_valid | (regs.image_bytes[3:] == 0)):
+                    m.d.sync += status.eq(TokenStatus.NO_IMAGE)
+                    m.next = "REPLY"
+                with m.Elif(reader.error):
+                    m.d.sync += status.eq(TokenStatus.READ_TIMEOUT)
+                    m.next = "REPLY"
+                with m.Else():
+                    m.next = "BUILD"
+            with m.State("BUILD"):
+                m.d.comb += [builder.cmd.valid.eq(1), builder.cmd.payload.token.eq(token),
+                             builder.cmd.payload.position.eq(position), builder.cmd.payload.logits.eq(logits),
+                             builder.base.eq(regs.embed_base), builder.hidden.eq(hidden_in),
+                             builder.vocab.eq(regs.embed_vocab)]
+                with m.If(builder.cmd.ready):
+                    m.next = "BUILD_CHECK"
+            with m.State("BUILD_CHECK"):     # the builder's verdict, a cycle after it took the command
+                with m.If(builder.error):
+                    m.d.sync += status.eq(Mux(builder.bad_token, TokenStatus.BAD_TOKEN, 0)
+                                          | Mux(builder.bad_hidden, TokenStatus.BAD_HIDDEN, 0))
+                    m.next = "REPLY"
+                with m.Else():
+                    m.d.comb += start.eq(1)
+                    m.next = "PACKET"
+            with m.State("PACKET"):          # the reader belongs to the builder; its packet goes to the core
+                m.d.comb += [src.eq(1), streaming.eq(1)]
+                connect(m, builder.rd_req, reader.req)
+                connect(m, reader.o, builder.rd)
+                with m.If(taken & w0_in.tlast):
+                    m.next = "IMAGE_REQ"
+                with m.Elif(reader.error):
+                    m.next = "FAIL"
+            with m.State("IMAGE_REQ"):
+                m.d.comb += [streaming.eq(1), reader.req.valid.eq(1),
+                             reader.req.payload.base.eq(regs.image_base),
+                             reader.req.payload.length.eq(regs.image_bytes)]
+                with m.If(reader.req.ready):
+                    m.next = "IMAGE"
+                with m.Elif(reader.error):
+                    m.next = "FAIL"
+            with m.State("IMAGE"):
+                m.d.comb += [src.eq(2), streaming.eq(1)]
+                with m.If(taken & w0_in.tlast):
+                    m.next = "DRAIN"
+                with m.Elif(reader.error):
+                    m.next = "FAIL"
+            with m.State("DRAIN"):           # until the core took the last beat from the FIFO
+                m.d.comb += streaming.eq(1)
+                with m.If(~u.w0_fifo.r_rdy):
+                    m.next = "SETTLE"
+            with m.State("SETTLE"):
+                m.d.comb += streaming.eq(1)
+                m.d.sync += status.eq(Mux(core.irq, TokenStatus.CORE_ERROR, 0))
+                m.next = "REPLY"
+            with m.State("FAIL"):
+                m.d.sync += status.eq(TokenStatus.READ_TIMEOUT)
+                m.next = "REPLY"
+            with m.State("REPLY"):
+                m.d.comb += [bp.token_done.valid.eq(1), bp.token_done.payload.eq(status)]
+                with m.If(bp.token_done.ready):
+                    m.next = "IDLE"
+
+        s_start = Signal()      # an 'S' stream after a token: the tap passes its output through
+        after_token = Signal()
+        with m.If(start):
+            m.d.sync += after_token.eq(1)
+        with m.Elif((src == 0) & taken):
+            m.d.comb += s_start.eq(after_token)
+            m.d.sync += after_token.eq(0)
+        with m.If(u.core_rst):
+            m.d.sync += after_token.eq(0)
+        self._tap_mode(m, u, start=start | s_start, argmax_only=start & ~logits, owes=start,
+                       quiet_allowed=~streaming)
+
+    def _tap_mode(self, m, u, *, start, argmax_only, owes, quiet_allowed):
+        """The tap's ``argmax_only``, which it samples with each output packet's first word, must be the
+        flag of the token that packet belongs to. A token's stream may start before the previous token's
+        packet has (the core's weight FIFO can hold that token's LM head while the link has already sent the
+        last beat), so a new token's flag waits while an earlier token still owes its packet.
+
+        A token owes its packet from its start until the packet's first word passed the tap, or until the
+        core is quiet with nothing to send: ``irq`` high (done or error), no packet open at the core's output
+        and no word offered. The core sends nothing more then until it takes another token, and that is
+        counted only while no token is streaming (``quiet_allowed``), because until a token's image has
+        entered the core, ``irq`` may still be the previous token's ``DONE``. ``'S'`` streams start with
+        ``argmax_only`` 0 and owe nothing (a host that streams tokens itself reads their output before it
+        sends a ``'T'``).
+
+        Parameters: ``start`` (a stream starts this cycle), ``argmax_only`` (its flag), ``owes`` (it is a
+        ``'T'`` token, which owes a packet), ``quiet_allowed`` (the core's quiet may be counted)."""
+        core, tap = u.core, u.tap
+        out = core.m_axis_out
+        core_open = Signal()     # a packet has started at the core's output and not ended
+        with m.If(out.tvalid & out.tready):
+            m.d.sync += core_open.eq(~out.tlast)
+        tap_first = Signal(init=1)
+        with m.If(tap.i.valid & tap.i.ready):
+            m.d.sync += tap_first.eq(tap.i.payload.last)
+
+        cur, owed = Signal(), Signal()                    # the flag the tap reads; its token owes a packet
+        nxt, nxt_owes, wait = Signal(), Signal(), Signal()  # a flag waiting for the owed packet
+        m.d.comb += tap.argmax_only.eq(cur)
+        settled = (tap.i.valid & tap.i.ready & tap_first) | \
+                  (quiet_allowed & core.irq & ~core_open & ~out.tvalid)
+        r_cur, r_owed, r_wait = Signal(), Signal(), Signal()   # after this cycle's settling
+        m.d.comb += [r_cur.eq(cur), r_owed.eq(owed), r_wait.eq(wait)]
+        with m.If(settled):
+            with m.If(wait):
+                m.d.comb += [r_cur.eq(nxt), r_owed.eq(nxt_owes), r_wait.eq(0)]
+            with m.Else():
+                m.d.comb += r_owed.eq(0)
+        with m.If(start & r_owed):
+            m.d.sync += [cur.eq(r_cur), owed.eq(r_owed), nxt.eq(argmax_only), nxt_owes.eq(owes), wait.eq(1)]
+        with m.Elif(start):
+            m.d.sync += [cur.eq(argmax_only), owed.eq(owes), wait.eq(0)]
+        with m.Else():
+            m.d.sync += [cur.eq(r_cur), owed.eq(r_owed), wait.eq(r_wait)]
+        with m.If(u.core_rst):
+            m.d.sync += [core_open.eq(0), tap_first.eq(1), cur.eq(0), owed.eq(0), wait.eq(0)]
+
+    def _port_mux(self, m, u):
+        """The native port: commands from the writer while it owns the port (an ``'L'``), else from the
+        reader; write data from the writer; read data to the reader."""
+        port, reader, writer = self.port, u.reader, u.writer
+        with m.If(u.write_owner):
+            m.d.comb += [port.cmd.valid.eq(writer.port.cmd.valid), port.cmd.payload.eq(writer.port.cmd.payload),
+                         writer.port.cmd.ready.eq(port.cmd.ready)]
+        with m.Else():
+            m.d.comb += [port.cmd.valid.eq(reader.port.cmd.valid), port.cmd.payload.eq(reader.port.cmd.payload),
+                         reader.port.cmd.ready.eq(port.cmd.ready)]
+        m.d.comb += [port.wdata.payload.eq(writer.port.wdata.payload), writer.port.wdata.ready.eq(port.wdata.ready),
+                     reader.port.rdata.payload.eq(port.rdata.payload), reader.port.rdata.valid.eq(port.rdata.valid)]
+
+

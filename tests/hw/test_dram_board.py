@@ -1,0 +1,452 @@
+"""DRAMBoard (hw/boards/dram_board.py) in the Amaranth simulator, driven with link bytes below the UART
+(hw.boards.link_protocol frames), its native port answered by tests/hw/test_dram_reader.py's behavioural
+LiteDRAM port model: the board registers, 'L' and 'C' against zlib.crc32, alignment and readiness checks,
+an 'L' abandoned mid-load, refused tokens, and tokens of a tiny random model run from DRAM bit-exact with the
+golden device (the whole output packet, or the argmax summary), a corrupted image word (the weight CRC) and
+the next token after CTRL.clear.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import deque
+from functools import cache
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from host.bundle import embeddings_fixed
+from host.compiler import CompileOptions, calibrate, compile_model
+from host.devices.golden import GoldenMachine
+from host.image import ImageError, parse_image
+from host.model import HGRNBitConfig, random_weights
+from host.protocol import make_token_packet, parse_output_packet
+from hw import isa
+from hw.boards import link_protocol as lp
+from hw.boards.dram_board import DRAMBoard
+from hw.params import BuildParams
+from tests.hw.test_dram_reader import NativePortModel
+from tests.hw.uart_sim import LoopbackCore
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+ADDR_WIDTH = 14            # 16 K words of 16 bits: 32 KiB of DRAM
+DRAM_BYTES = 2 << ADDR_WIDTH
+CLOCK_HZ = 50_000_000
+BYTE_TIMEOUT = 400
+TINY = HGRNBitConfig(vocab_size=61, hidden_size=20, num_hidden_layers=2, intermediate_size=28)
+BUILD = BuildParams(lanes=8, channels=1, bus_bits=64, quant_lanes=4, packing=isa.TritPacking.BASE3,
+                    max_hidden=32, max_intermediate=32, max_layers=2, epilogue_folded=True)
+IMAGE_BASE, EMBED_BASE = 0x0000, 0x6000
+R = isa.REGISTER_MAP
+
+
+# ---------------------------------------------------------------------------------------------- host side
+
+def cmd_get(reg):
+    return struct.pack("<BB", lp.OP_BOARD_READ, reg)
+
+
+def cmd_put(reg, value):
+    return struct.pack("<BBI", lp.OP_BOARD_WRITE, reg, value)
+
+
+def cmd_load(addr, payload):
+    assert len(payload) % 8 == 0 and payload
+    return struct.pack("<BIH", lp.OP_DRAM_WRITE, addr, len(payload) // 8 - 1) + payload
+
+
+def cmd_crc(addr, n):
+    return struct.pack("<BII", lp.OP_DRAM_CRC, addr, n)
+
+
+def cmd_token(token, position, flags=0):
+    return struct.pack("<BIIB", lp.OP_TOKEN, token, position, flags)
+
+
+class Bench:
+    """A :class:`DRAMBoard` with link bytes in and out and a native-port model over ``mem`` (uint16 words).
+
+    Scripts are async functions of ``(ctx, bench)``; :meth:`command` sends a command's bytes and returns its
+    reply frame's body; ``'o'`` frames collect into :attr:`packets` (bytes per packet, by ``tlast``)."""
+
+    def __init__(self, dut: DRAMBoard, mem: np.ndarray, *, seed: int = 0, cmd_stall: float = 0.0,
+                 dram_ready: bool = True):
+        self.dut, self.mem = dut, mem
+        self.model = NativePortModel(dut.port, mem, np.random.default_rng(seed), cmd_stall=cmd_stall)
+        self.replies: deque[tuple[int, bytes]] = deque()
+        self.packets: list[bytes] = []
+        self.words: list[int] = []
+        self.cycle = 0
+        self.dram_ready = dram_ready
+
+    async def _collect(self, ctx):
+        ctx.set(self.dut.tx.ready, 1)
+        ctx.set(self.dut.dram_ready, self.dram_ready)
+        buf = bytearray()
+        while True:
+            _, _, valid, byte = await ctx.tick().sample(self.dut.tx.valid, self.dut.tx.payload)
+            self.cycle += 1
+            if not valid:
+                continue
+            buf.append(byte)
+            head = buf[0]
+            assert head in lp.REPLY_BYTES, f"unknown frame {chr(head)!r}"
+            if len(buf) < 1 + lp.REPLY_BYTES[head]:
+                continue
+            body = bytes(buf[1:])
+            buf.clear()
+            if head == lp.REP_OUTPUT:
+                word, flags = struct.unpack("<IB", body)
+                self.words.append(word)
+                if flags & 1:
+                    self.packets.append(b"".join(w.to_bytes(4, "little") for w in self.words))
+                    self.words = []
+            else:
+                self.replies.append((head, body))
+
+    async def send(self, ctx, data: bytes, *, idle: int = 0):
+        for b in data:
+            ctx.set(self.dut.rx.payload, b)
+            ctx.set(self.dut.rx.valid, 1)
+            await ctx.tick().until(self.dut.rx.ready)
+            if idle:
+                ctx.set(self.dut.rx.valid, 0)
+                for _ in range(idle):
+                    await ctx.tick()
+        ctx.set(self.dut.rx.valid, 0)
+
+    async def reply(self, ctx, rep: int, *, max_cycles: int = 20_000) -> bytes:
+        for _ in range(max_cycles):
+            if self.replies:
+                head, body = self.replies.popleft()
+                assert head == rep, f"reply {chr(head)!r}, expected {chr(rep)!r}"
+                return body
+            await ctx.tick()
+        raise AssertionError(f"no {chr(rep)!r} reply in {max_cycles} cycles")
+
+    async def command(self, ctx, data: bytes, rep: int, *, max_cycles: int = 20_000) -> bytes:
+        await self.send(ctx, data)
+        return await self.reply(ctx, rep, max_cycles=max_cycles)
+
+    async def get(self, ctx, reg) -> int:
+        return struct.unpack("<I", await self.command(ctx, cmd_get(reg), lp.REP_BOARD_READ))[0]
+
+    async def put(self, ctx, reg, value):
+        assert await self.command(ctx, cmd_put(reg, value), lp.REP_BOARD_WRITE) == b""
+
+    async def load(self, ctx, addr, payload) -> int:
+        return (await self.command(ctx, cmd_load(addr, payload), lp.REP_DRAM_WRITE,
+                                   max_cycles=40 * len(payload) + 2000))[0]
+
+    async def crc(self, ctx, addr, n) -> tuple[int, int]:
+        return struct.unpack("<IB", await self.command(ctx, cmd_crc(addr, n), lp.REP_DRAM_CRC,
+                                                       max_cycles=4 * n + 2000))
+
+    async def core_read(self, ctx, addr) -> int:
+        return struct.unpack("<I", await self.command(ctx, struct.pack("<BB", lp.OP_READ, addr), lp.REP_READ))[0]
+
+    async def core_write(self, ctx, addr, value):
+        await self.command(ctx, struct.pack("<BBI", lp.OP_WRITE, addr, value), lp.REP_WRITE)
+
+    async def token(self, ctx, token, position, flags=0, *, max_cycles=200_000) -> int:
+        return (await self.command(ctx, cmd_token(token, position, flags), lp.REP_TOKEN, max_cycles=max_cycles))[0]
+
+    async def output(self, ctx, n: int, *, max_cycles: int = 200_000) -> list[bytes]:
+        """Wait until ``n`` packets have come in all; returns them (and forgets them)."""
+        for _ in range(max_cycles):
+            if len(self.packets) >= n:
+                out, self.packets = self.packets[:n], self.packets[n:]
+                return out
+            await ctx.tick()
+        raise AssertionError(f"{len(self.packets)} of {n} output packets in {max_cycles} cycles")
+
+    async def quiet(self, ctx, cycles: int):
+        """Nothing comes back for ``cycles`` cycles."""
+        for _ in range(cycles):
+            await ctx.tick()
+        assert not self.replies and not self.packets and not self.words, "unexpected frames"
+
+    def run(self, script):
+        sim = Simulator(self.dut)
+        sim.add_clock(1e-8)
+        sim.add_testbench(self.model.process, background=True)
+        sim.add_testbench(self._collect, background=True)
+
+        async def main(ctx):
+            await script(ctx, self)
+
+        sim.add_testbench(main)
+        sim.run()
+
+
+def small_board(**kw) -> DRAMBoard:
+    """A board around the loopback stand-in core (each 64-bit beat comes back as two output words)."""
+    return DRAMBoard(build=BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT,
+                     core=LoopbackCore(), dram_timeout=200, **kw)
+
+
+def blank_mem(seed=1):
+    return np.random.default_rng(seed).integers(0, 1 << 16, size=1 << ADDR_WIDTH, dtype=np.uint16)
+
+
+def mem_bytes(mem, addr, n) -> bytes:
+    return mem.astype("<u2").tobytes()[addr:addr + n]
+
+
+def put_bytes(mem, addr, data: bytes):
+    view = mem.view(np.uint8)
+    assert addr % 2 == 0 and len(data) % 2 == 0
+    view[addr:addr + len(data)] = np.frombuffer(data, dtype=np.uint8)
+
+
+# ---------------------------------------------------------------------------------------------- registers
+
+def test_board_registers():
+    bench = Bench(small_board(), blank_mem())
+
+    async def script(ctx, b):
+        assert await b.get(ctx, lp.BoardReg.MAGIC) == lp.BOARD_MAGIC
+        assert await b.get(ctx, lp.BoardReg.LINK_VERSION) == lp.LINK_VERSION
+        assert await b.get(ctx, lp.BoardReg.DRAM_BYTES) == DRAM_BYTES
+        assert await b.get(ctx, lp.BoardReg.CLOCK_HZ) == CLOCK_HZ
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY
+        assert await b.get(ctx, 0xFC) == 0                                   # unmapped
+        for k, reg in enumerate(sorted(lp.WRITABLE - {lp.BoardReg.STATUS})):
+            await b.put(ctx, reg, 0x9E3779B9 * (k + 1) & 0xFFFFFFFF)
+        for k, reg in enumerate(sorted(lp.WRITABLE - {lp.BoardReg.STATUS})):
+            assert await b.get(ctx, reg) == 0x9E3779B9 * (k + 1) & 0xFFFFFFFF
+        for reg in set(lp.BoardReg) - lp.WRITABLE:                          # read-only: writes ignored
+            before = await b.get(ctx, reg)
+            await b.put(ctx, reg, 0x12345678)
+            assert await b.get(ctx, reg) == before, reg.name
+        await b.put(ctx, lp.BoardReg.STATUS, 0xFFFFFFFF)                     # only IMAGE_VALID is writable
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | lp.BoardStatus.IMAGE_VALID
+        await b.put(ctx, lp.BoardReg.STATUS, 0)
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY
+        assert await b.get(ctx, lp.BoardReg.TOKENS) == 0
+        # the core's registers through 'R' still reach the stand-in's register block
+        assert await b.core_read(ctx, R.ID_MAGIC) == isa.ID_MAGIC
+        await b.send(ctx, b"Z")
+        assert await b.reply(ctx, lp.REP_UNKNOWN) == b""
+
+    bench.run(script)
+
+
+# ---------------------------------------------------------------------------------------------- DRAM
+
+def test_load_then_crc_equals_zlib():
+    """'L' writes bytes the port model then holds; 'C' over any 8-byte-aligned range equals zlib.crc32;
+    'L' clears IMAGE_VALID."""
+    mem = blank_mem()
+    bench = Bench(small_board(), mem, cmd_stall=0.3)
+    rng = np.random.default_rng(7)
+    chunks = [(0x100, rng.bytes(8)), (0x1000, rng.bytes(8 * 40)), (DRAM_BYTES - 64, rng.bytes(64))]
+
+    async def script(ctx, b):
+        await b.put(ctx, lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)
+        for addr, data in chunks:
+            assert await b.load(ctx, addr, data) == 0
+            assert mem_bytes(mem, addr, len(data)) == data
+            assert not await b.get(ctx, lp.BoardReg.STATUS) & lp.BoardStatus.IMAGE_VALID
+            await b.put(ctx, lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)
+        for addr, n in [(0x1000, 8 * 40), (0x1008, 8 * 17), (0x100, 8), (DRAM_BYTES - 64, 64), (0, 4096),
+                        (0x40, 0)]:
+            crc, status = await b.crc(ctx, addr, n)
+            assert status == 0
+            assert crc == zlib.crc32(mem_bytes(mem, addr, n)), (addr, n)
+        assert await b.get(ctx, lp.BoardReg.STATUS) & lp.BoardStatus.IMAGE_VALID   # 'C' leaves it
+
+    bench.run(script)
+
+
+def test_bad_alignment_and_range_do_nothing():
+    mem = blank_mem()
+    before = mem.copy()
+    bench = Bench(small_board(), mem)
+
+    async def script(ctx, b):
+        for addr in (4, 0x101, DRAM_BYTES - 8, DRAM_BYTES, 0xFFFFFFF8):
+            assert await b.load(ctx, addr, bytes(16)) == lp.DramStatus.BAD_ALIGN, hex(addr)
+        for addr, n in ((4, 8), (0, 12), (DRAM_BYTES - 8, 16), (8, DRAM_BYTES), (0xFFFFFFF8, 8)):
+            assert (await b.crc(ctx, addr, n))[1] == lp.DramStatus.BAD_ALIGN, (hex(addr), n)
+        assert np.array_equal(mem, before)
+        assert await b.load(ctx, 0x200, bytes(range(16))) == 0      # the next good command works
+        assert mem_bytes(mem, 0x200, 16) == bytes(range(16))
+
+    bench.run(script)
+
+
+def test_dram_not_ready():
+    mem = blank_mem()
+    before = mem.copy()
+    bench = Bench(small_board(), mem, dram_ready=False)
+
+    async def script(ctx, b):
+        assert await b.get(ctx, lp.BoardReg.STATUS) == 0
+        assert await b.load(ctx, 0, bytes(8)) == lp.DramStatus.NOT_READY
+        assert (await b.crc(ctx, 0, 8))[1] == lp.DramStatus.NOT_READY
+        assert await b.load(ctx, 3, bytes(8)) == lp.DramStatus.NOT_READY | lp.DramStatus.BAD_ALIGN
+        assert np.array_equal(mem, before) and bench.model.reads == 0
+
+    bench.run(script)
+
+
+def test_load_abandoned_mid_data():
+    """A link dropped mid-'L': the parser gives up after the byte time-out, the write completes with zero
+    beats, no reply comes, and the next commands work."""
+    mem = blank_mem()
+    bench = Bench(small_board(), mem)
+    data = bytes(range(1, 1 + 8 * 6))
+
+    async def script(ctx, b):
+        await b.send(ctx, cmd_load(0x300, data)[:7 + 8 * 2 + 3])      # two beats and three bytes of a third
+        await b.quiet(ctx, BYTE_TIMEOUT + 500)
+        assert await b.get(ctx, lp.BoardReg.LINK_TIMEOUTS) == 1
+        assert mem_bytes(mem, 0x300, 48) == data[:16] + bytes(32)
+        assert await b.load(ctx, 0x300, data) == 0
+        assert (await b.crc(ctx, 0x300, 48)) == (zlib.crc32(data), 0)
+
+    bench.run(script)
+
+
+# ---------------------------------------------------------------------------------------------- tokens, stand-in core
+
+def test_token_packet_and_image_reach_channel_zero():
+    """Around the loopback stand-in: a token with LOGITS sends make_token_packet of the row, then the image
+    (each with tlast), which come back as they went in; refused tokens send nothing; 'S' still streams."""
+    rng = np.random.default_rng(3)
+    hidden, vocab = 13, 9
+    table = rng.integers(-(1 << 31), 1 << 31, size=(vocab, hidden), dtype=np.int64)
+    image = rng.bytes(8 * 21)
+    mem = blank_mem()
+    put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
+    put_bytes(mem, IMAGE_BASE, image)
+    bench = Bench(small_board(), mem, cmd_stall=0.2)
+
+    async def script(ctx, b):
+        assert await b.token(ctx, 1, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE
+        for reg, v in ((lp.BoardReg.IMAGE_BASE, IMAGE_BASE), (lp.BoardReg.IMAGE_BYTES, len(image)),
+                       (lp.BoardReg.EMBED_BASE, EMBED_BASE), (lp.BoardReg.EMBED_HIDDEN, hidden),
+                       (lp.BoardReg.EMBED_VOCAB, vocab), (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)):
+            await b.put(ctx, reg, v)
+        assert await b.token(ctx, vocab, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.BAD_TOKEN
+        await b.put(ctx, lp.BoardReg.EMBED_HIDDEN, 33)                       # above max_hidden (32)
+        assert await b.token(ctx, 0, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.BAD_HIDDEN
+        await b.put(ctx, lp.BoardReg.EMBED_HIDDEN, 0)
+        assert await b.token(ctx, 0, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.BAD_HIDDEN
+        await b.put(ctx, lp.BoardReg.EMBED_HIDDEN, hidden)
+        await b.quiet(ctx, 200)
+        for token, pos in ((vocab - 1, 7), (0, 0xFFFFFFFF)):
+            assert await b.token(ctx, token, pos, lp.TokenFlags.LOGITS) == 0
+            packet, img = await b.output(ctx, 2)
+            assert packet == make_token_packet(table[token], position=pos, logits=True)
+            assert img == image
+        assert await b.get(ctx, lp.BoardReg.TOKENS) == 6
+        # 'S' beats reach the core as before, passed through whole
+        data = bytes(range(40, 64))
+        await b.send(ctx, struct.pack("<BHB", lp.OP_STREAM, 2, 1) + data)
+        assert await b.reply(ctx, lp.REP_STREAM) == b""
+        assert await b.output(ctx, 1) == [data]
+
+    bench.run(script)
+
+
+# ---------------------------------------------------------------------------------------------- the real core
+
+@cache
+def tiny_model():
+    """A tiny random model: (image bytes, int32 embedding table [V, H] in the residual format)."""
+    w = random_weights(TINY, seed=3, gamma_spread=1.0)
+    fm = calibrate(w)
+    image = compile_model(w, CompileOptions(formats=fm, packing=BUILD.packing))
+    return image, embeddings_fixed(w.embeddings, fm.residual)
+
+
+def real_board():
+    return DRAMBoard(build=BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT)
+
+
+def model_mem(image: bytes, table: np.ndarray) -> np.ndarray:
+    mem = blank_mem()
+    put_bytes(mem, IMAGE_BASE, image)
+    raw = table.astype("<i4").tobytes()
+    assert IMAGE_BASE + len(image) <= EMBED_BASE and EMBED_BASE + len(raw) <= DRAM_BYTES
+    put_bytes(mem, EMBED_BASE, raw + bytes(len(raw) % 2))
+    return mem
+
+
+async def configure(ctx, b, image, table, *, valid=True):
+    for reg, v in ((lp.BoardReg.IMAGE_BASE, IMAGE_BASE), (lp.BoardReg.IMAGE_BYTES, len(image)),
+                   (lp.BoardReg.EMBED_BASE, EMBED_BASE), (lp.BoardReg.EMBED_HIDDEN, table.shape[1]),
+                   (lp.BoardReg.EMBED_VOCAB, table.shape[0]),
+                   (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID if valid else 0)):
+        await b.put(ctx, reg, v)
+
+
+def summary(packet: bytes, flags: int = 0) -> bytes:
+    out = parse_output_packet(packet)
+    return struct.pack("<III", out.position, out.argmax, flags)
+
+
+@pytest.mark.slow
+def test_tokens_from_dram_bit_exact():
+    """A token before any image (NO_IMAGE, no output), then tokens of a tiny model from DRAM: argmax-only
+    (the summary of the golden device's packet) and with LOGITS (the golden packet itself), state carried."""
+    image, table = tiny_model()
+    gold = GoldenMachine(image)
+    state = gold.init_state()
+    steps = [(5, 0, 0), (17, 1, lp.TokenFlags.LOGITS), (60, 2, 0)]
+    expected = []
+    for token, pos, flags in steps:
+        res = gold.run_token(make_token_packet(table[token], position=pos, logits=bool(flags)), state)
+        state = res.state
+        expected.append(res.output)
+    bench = Bench(real_board(), model_mem(image, table), cmd_stall=0.1)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table, valid=False)
+        assert await b.token(ctx, 5, 0) == lp.TokenStatus.NO_IMAGE
+        await b.quiet(ctx, 300)
+        await b.put(ctx, lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)
+        for (token, pos, flags), want in zip(steps, expected, strict=True):
+            start = b.cycle
+            assert await b.token(ctx, token, pos, flags) == 0
+            (got,) = await b.output(ctx, 1)
+            print(f"token {token}: {b.cycle - start} cycles")
+            assert got == (want if flags else summary(want))
+
+    bench.run(script)
+
+
+@pytest.mark.slow
+def test_corrupted_image_is_a_core_error_then_the_next_token_is_right():
+    """A weight byte of the image changed in DRAM (to another valid base-3 byte): CORE_ERROR, the core's
+    ERROR_CAUSE is WEIGHT_CRC; the image restored and CTRL.clear written, the next token is right (the
+    failed token committed nothing)."""
+    image, table = tiny_model()
+    gemv = next(ins for ins in parse_image(image).instructions if ins.blocks)
+    off = gemv.weight_offset + 3
+    bad = bytearray(image)
+    bad[off] = (bad[off] + 1) % 243
+    with pytest.raises(ImageError) as err:
+        parse_image(bytes(bad))
+    assert err.value.cause == isa.ErrorCause.WEIGHT_CRC
+    mem = model_mem(bytes(bad), table)
+    gold = GoldenMachine(image)
+    want = gold.run_token(make_token_packet(table[9], position=0, logits=False), gold.init_state()).output
+    bench = Bench(real_board(), mem)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table)
+        assert await b.token(ctx, 9, 0) == lp.TokenStatus.CORE_ERROR
+        assert await b.core_read(ctx, R.STATUS) & isa.Status.ERROR
+        assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC
+        put_bytes(mem, IMAGE_BASE, image)
+        await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR)
+        assert await b.token(ctx, 9, 0) == 0
+        assert await b.output(ctx, 1) == [summary(want)]
+
+    bench.run(script)
