@@ -2,8 +2,9 @@
 
 The controller is LiteDRAM's (``litedram==2024.12``, the ``dram`` extra), never our own. A board's core is
 described by a YAML config kept in the repository (``hw/boards/litedram/ulx3s.yml``: GENSDRPHY, one
-MT48LC16M16 x16 SDRAM, 50 MHz, no CPU, one native user port) and made in two forms, each cached in a build
-folder keyed by (config bytes, litedram/litex/migen versions):
+MT48LC16M16 x16 SDRAM, 50 MHz, no CPU, one native user port; ``hw/boards/litedram/ecpix5.yml``: ECP5DDRPHY at
+rate 1:2, one MT41K256M16 x16 DDR3 chip, 75 MHz, no CPU, one native port, docs/DDR3.md) and made in two forms,
+each cached in a build folder keyed by (config bytes, litedram/litex/migen versions):
 
 * :func:`generate_core`: the hardware core, by LiteDRAM's own standalone generator (``litedram_gen``,
   ``litedram/gen.py``): ``gateware/<name>.v`` with the PHY's IO registers and tristates inside, ``csr.json``.
@@ -13,7 +14,9 @@ folder keyed by (config bytes, litedram/litex/migen versions):
   (``litedram.phy.model.SDRAMPHYModel``) in place of the PHY and its DFI timing checker on (it ``$display``\\ s
   every tRP/tRCD/tRAS/tRFC/tCCD/tRC/tWR/tWTR/tRRD/tREFI violation). ``litedram_gen --sim`` is not used: it
   takes ``litex_sim``'s generic PHY settings (for SDR a read latency of 4 where GENSDRPHY has ``cl + 1`` = 3;
-  for DDR3 a rate of 1:4) and leaves the checker off.
+  for DDR3 a rate of 1:4 where ECP5DDRPHY has 1:2) and leaves the checker off. For a PHY with CSRs of its own
+  (ECP5DDRPHY's read-leveling registers) the simulation core carries registers of the same names and sizes, so
+  that its CSR map, and with it the power-up writes, equal the hardware core's.
 
 :class:`LiteDRAMCore` wraps either as an Amaranth ``Instance`` in the ``sync`` domain (the controller clock)
 and runs the DRAM's power-up sequence itself (:class:`hw.dram_init.DFIIInitSequencer`, the sequence of
@@ -44,14 +47,16 @@ from amaranth.hdl import ClockSignal, Const, Instance, IOValue, Module, ResetSig
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ULX3S_CONFIG", "DEFAULT_BUILD_ROOT", "LITEDRAM_PACKAGES", "litedram_available", "load_config",
-           "core_key", "GeneratedCore", "generate_core", "generate_sim_core", "hardware_settings", "sim_settings",
-           "init_writes", "sim_monitor_layout", "NativePortSignature", "native_cmd_layout", "native_wdata_layout",
-           "LiteDRAMCore"]
+__all__ = ["ULX3S_CONFIG", "ECPIX5_CONFIG", "DEFAULT_BUILD_ROOT", "LITEDRAM_PACKAGES", "litedram_available",
+           "load_config", "core_key", "GeneratedCore", "generate_core", "generate_sim_core", "hardware_settings",
+           "sim_settings", "init_writes", "port_geometry", "sim_monitor_layout", "NativePortSignature",
+           "native_cmd_layout", "native_wdata_layout", "LiteDRAMCore"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "boards" / "litedram"
 #: the ULX3S 85F's SDRAM core config (GENSDRPHY, MT48LC16M16, 50 MHz, one native port)
 ULX3S_CONFIG = CONFIG_DIR / "ulx3s.yml"
+#: the ECPIX-5 85F's DDR3 core config (ECP5DDRPHY at rate 1:2, MT41K256M16, 75 MHz, one native port; docs/DDR3.md)
+ECPIX5_CONFIG = CONFIG_DIR / "ecpix5.yml"
 #: where generated cores are cached (``build/`` is git-ignored); ``MMFREE_LITEDRAM_BUILD`` overrides it
 DEFAULT_BUILD_ROOT = Path(os.environ.get("MMFREE_LITEDRAM_BUILD",
                                          Path(__file__).resolve().parents[1] / "build" / "litedram"))
@@ -63,7 +68,17 @@ USER_PORT = "0"
 #: name -> direction as the generated Verilog declares it (``dq`` is ``input``: its tristates are inside)
 SDR_PINS = {"a": "o", "ba": "o", "ras_n": "o", "cas_n": "o", "we_n": "o", "cs_n": "o", "dm": "o", "dq": "io",
             "cke": "o"}
+#: the generated module's DRAM pins for a DDR3 config (``ddram_<name>`` in the Verilog): ``o`` an output, ``io``
+#: a pad whose tristate buffer is inside the core (declared ``input``), ``nc`` a port the ECP5DDRPHY never drives
+#: (declared ``input``; the differential IO type of the ``_p`` pad makes the ``_n`` side)
+DDR3_PINS = {"a": "o", "ba": "o", "ras_n": "o", "cas_n": "o", "we_n": "o", "cs_n": "o", "dm": "o", "dq": "io",
+             "dqs_p": "io", "dqs_n": "nc", "clk_p": "o", "clk_n": "nc", "cke": "o", "odt": "o", "reset_n": "o"}
+#: the PHYs a config may name: ``sdram_phy`` -> (frequency ratio of the DRAM module, attribute of the hardware
+#: core that holds the PHY, its Verilog pin prefix, its pins)
+PHYS = {"GENSDRPHY": ("1:1", "sdrphy", "sdram", SDR_PINS), "ECP5DDRPHY": ("1:2", "ddrphy", "ddram", DDR3_PINS)}
 
+#: DDR3 tZQinit = tDLLK = 512 DRAM clocks (JESD79-3): the least wait after ZQCL before the first command
+DDR3_TZQINIT_NCK = 512
 #: DRAM commands the simulation core counts on its DFI (``sim_monitor_<name>_count`` outputs)
 SIM_COMMANDS = ("ref", "act", "pre", "rd", "wr")
 
@@ -166,12 +181,15 @@ class GeneratedCore:
     addr_width, data_width : int
         The native user port's address (in ``data_width`` words) and data widths, bits.
     sdram_pins : dict
-        Pin name -> (direction, width) of the SDRAM pins (empty for a simulation core).
+        Pin name -> (direction, width) of the DRAM pins (empty for a simulation core): :data:`SDR_PINS`
+        (Verilog ``sdram_<name>``) or :data:`DDR3_PINS` (``ddram_<name>``).
     init : tuple of (int, int, int)
         The power-up sequence as Wishbone writes ``(byte address, value, cycles to wait after)``
         (:func:`init_writes`).
     sim : bool
         True for the simulation core (:func:`generate_sim_core`).
+    memtype : str
+        ``"SDR"`` (the default) or ``"DDR3"``: the config's ``memtype``.
     """
 
     name: str
@@ -183,6 +201,7 @@ class GeneratedCore:
     sdram_pins: dict
     init: tuple
     sim: bool
+    memtype: str = "SDR"
 
     @property
     def bytes(self) -> int:
@@ -215,8 +234,9 @@ def _hardware_soc(cfg: Mapping):
     from litex.build.lattice import LatticePlatform
 
     c = _converted(cfg)
-    if c["sdram_phy"] is not phys.GENSDRPHY:
-        raise ValueError(f"only GENSDRPHY (SDR) configs are supported here, got {c['sdram_phy'].__name__}")
+    if c["sdram_phy"] not in (phys.GENSDRPHY, phys.ECP5DDRPHY):
+        raise ValueError(f"only GENSDRPHY (SDR) and ECP5DDRPHY (DDR3) configs are supported here, got "
+                         f"{c['sdram_phy'].__name__}")
     platform = LatticePlatform(c["device"], io=[], toolchain="trellis")
     with _quiet():
         return gen.LiteDRAMCore(platform, c, integrated_rom_size=0xC000)
@@ -229,22 +249,53 @@ def hardware_settings(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
     -------
     dict
         ``phy``: the PHY's ``PhySettings`` (``litedram/phy/gensdrphy.py``: ``nphases`` 1, ``cl``,
-        ``read_latency = cl + 1``, ...); ``geom``: ``GeomSettings`` (bank/row/column bits); ``timing``:
-        ``TimingSettings`` in controller cycles (tRP, tRCD, tWR, tREFI, tRFC, ...); ``controller``:
-        ``ControllerSettings``; ``module``: the ``SDRModule`` instance (``litedram/modules.py``) at
-        ``sys_clk_freq`` and rate 1:1; ``sys_clk_freq``: Hz.
+        ``read_latency = cl + 1``, ...; ``litedram/phy/ecp5ddrphy.py``: ``nphases`` 2, ``cl``/``cwl`` for
+        tCK = 1/(2 sys), ``read_latency = ceil(cl/2) + 10``, ``write_latency = ceil(cwl/2)``, ``rdphase``,
+        ``wrphase``, the read-leveling ``bitslips``/``delays``, the electrical settings); ``geom``:
+        ``GeomSettings`` (bank/row/column bits); ``timing``: ``TimingSettings`` in controller cycles (tRP,
+        tRCD, tWR, tREFI, tRFC, ...); ``controller``: ``ControllerSettings``; ``module``: the ``SDRAMModule``
+        instance (``litedram/modules.py``) at ``sys_clk_freq`` and the PHY's rate (1:1 for GENSDRPHY, 1:2 for
+        ECP5DDRPHY); ``sys_clk_freq``: Hz.
     """
     _require_litedram()
     cfg = load_config(path)
     soc = _hardware_soc(cfg)
     ctl = soc.sdram.controller.settings
-    return {"phy": soc.sdrphy.settings, "geom": ctl.geom, "timing": ctl.timing, "controller": ctl,
+    return {"phy": _hardware_phy(cfg, soc).settings, "geom": ctl.geom, "timing": ctl.timing, "controller": ctl,
             "module": _module(cfg), "sys_clk_freq": float(cfg["sys_clk_freq"])}
+
+
+def _phy_entry(cfg: Mapping) -> tuple:
+    """:data:`PHYS`' entry of the config's PHY (``ValueError`` for another PHY)."""
+    name = str(cfg["sdram_phy"])
+    if name not in PHYS:
+        raise ValueError(f"sdram_phy {name!r} is not one of {sorted(PHYS)}")
+    return PHYS[name]
+
+
+def _hardware_phy(cfg: Mapping, soc):
+    """The PHY object of a hardware core built by :func:`_hardware_soc` (``sdrphy`` or ``ddrphy``)."""
+    return getattr(soc, _phy_entry(cfg)[1])
 
 
 def _module(cfg: Mapping):
     c = _converted(cfg)
-    return c["sdram_module"](c["sys_clk_freq"], rate="1:1")
+    return c["sdram_module"](c["sys_clk_freq"], rate=_phy_entry(cfg)[0])
+
+
+def port_geometry(controller_settings) -> tuple:
+    """``(addr_width, data_width)`` of a native user port of the controller with ``controller_settings``.
+
+    A port word is one DRAM burst over all DFI phases (``dfi_databits * nphases`` bits: 16 for GENSDRPHY x16,
+    128 for ECP5DDRPHY x16, where one BL8 burst of 8 x 16 bits is one word), and its address counts words:
+    bank + row + column bits less log2 of the columns a burst covers (``litedram.common.burst_lengths``: 1 for
+    SDR, 8 for DDR3), as ``LiteDRAMCrossbar`` derives it. ULX3S: (24, 16); ECPIX-5: (25, 128).
+    """
+    from litedram.common import burst_lengths
+
+    phy, geom = controller_settings.phy, controller_settings.geom
+    align = (burst_lengths[phy.memtype] - 1).bit_length()
+    return geom.bankbits + geom.rowbits + geom.colbits - align, phy.dfi_databits * phy.nphases
 
 
 def init_writes(phy_settings, timing_settings, csr: Mapping) -> tuple:
@@ -257,6 +308,14 @@ def init_writes(phy_settings, timing_settings, csr: Mapping) -> tuple:
     control (``SEL``), ``init_done`` to 1. A step's delay (BIOS ``cdelay`` loop iterations, one or more CPU
     cycles each) is taken as that many controller cycles, the bus accesses in between adding more
     (for SDR: 20000 cycles = 400 us at 50 MHz after CKE, over the 100-200 us the datasheets ask).
+
+    For DDR3 (JESD79-3 3.3.1) the sequence is: RESET# released with CKE low (50000 cycles, 667 us at 75 MHz,
+    over the 500 us asked), CKE high (10000 cycles, over tXPR), MR2 (CWL, RTT_WR), MR3, MR1 (RON, RTT_NOM),
+    MR0 (CL, BL8, write recovery, DLL reset; 200 cycles, over tMOD), ZQCL (address 0x400, ``WE|CS``). The
+    one change here: the wait after ZQCL becomes at least ``ceil(512 / nphases)`` cycles (tZQinit and tDLLK,
+    512 DRAM clocks: 256 cycles at rate 1:2) instead of the library's 200, because without a CPU nothing else
+    separates ZQCL from the controller's first command (the BIOS's loop and leveling take longer than that).
+    Read leveling is not part of these writes (:mod:`host.leveling` runs it afterwards over the same bus).
 
     Parameters
     ----------
@@ -277,7 +336,9 @@ def init_writes(phy_settings, timing_settings, csr: Mapping) -> tuple:
     control_values = {software, ns["dfii_control_odt"] | ns["dfii_control_reset_n"]}
     w = [(csr["sdram_dfii_control"], software, 0), (csr["ddrctrl_init_done"], 0, 0),
          (csr["ddrctrl_init_error"], 0, 0)]
-    for _comment, a, ba, cmd, delay in ns["init_sequence"]:
+    for comment, a, ba, cmd, delay in ns["init_sequence"]:
+        if phy_settings.memtype == "DDR3" and comment.startswith("ZQ Calibration"):
+            delay = max(delay, -(-DDR3_TZQINIT_NCK // phy_settings.nphases))
         w += [(csr["sdram_dfii_pi0_address"], a, 0), (csr["sdram_dfii_pi0_baddress"], ba, 0)]
         if cmd in control_values:
             w.append((csr["sdram_dfii_control"], cmd, delay))
@@ -304,12 +365,22 @@ def _locked_build(build_root: Path, name: str, key: str, make) -> GeneratedCore:
     return GeneratedCore.load(directory)
 
 
-def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "litedram_ulx3s",
+def _default_name(path: str | os.PathLike, sim: bool) -> str:
+    """``litedram_<config stem>`` (``_sim`` for the simulation core): ``litedram_ulx3s`` for ulx3s.yml."""
+    return f"litedram_{Path(path).stem}" + ("_sim" if sim else "")
+
+
+def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str | None = None,
                   build_root: str | os.PathLike | None = None) -> GeneratedCore:
     """The hardware core of config ``path``, generated by ``litedram_gen`` (cached).
 
     Runs ``python -m litedram.gen CONFIG --name NAME --output-dir DIR`` (about a second) into
-    ``<build_root>/<name>-<core_key>/`` unless that folder already holds it.
+    ``<build_root>/<name>-<core_key>/`` unless that folder already holds it. ``name`` defaults to
+    ``litedram_<config stem>`` (``litedram_ulx3s``, ``litedram_ecpix5``).
+
+    The ECPIX-5 (DDR3) core differs from the ULX3S one beyond its pins: its ``clk`` input is the board's
+    100 MHz oscillator, and the controller clock (75 MHz) comes out of its own PLL on ``user_clk`` (with
+    ``pll_locked``); :class:`LiteDRAMCore` does not wrap it (docs/DDR3.md).
 
     Raises
     ------
@@ -320,6 +391,7 @@ def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "litedr
     """
     _require_litedram()
     cfg = load_config(path)
+    name = name or _default_name(path, sim=False)
 
     def make(directory: Path) -> GeneratedCore:
         subprocess.run([sys.executable, "-m", "litedram.gen", str(Path(path).resolve()), "--name", name,
@@ -328,17 +400,54 @@ def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "litedr
         csr = _csr_map(directory / "csr.json")
         hw = hardware_settings(path)
         geom = hw["geom"]
-        nb = int(cfg["sdram_module_nb"])
+        nb, ranks = int(cfg["sdram_module_nb"]), int(cfg.get("sdram_rank_nb", 1))
         widths = {"a": geom.addressbits, "ba": geom.bankbits, "ras_n": 1, "cas_n": 1, "we_n": 1, "cs_n": 1,
                   "dm": nb, "dq": 8 * nb, "cke": 1}
-        data_width = hw["phy"].dfi_databits * hw["phy"].nphases
+        pins = _phy_entry(cfg)[3]
+        if pins is DDR3_PINS:
+            widths.update(cs_n=ranks, dqs_p=nb, dqs_n=nb, clk_p=ranks, clk_n=ranks, cke=ranks, odt=ranks,
+                          reset_n=1)
+        addr_width, data_width = port_geometry(hw["controller"])
         return GeneratedCore(
             name=name, directory=directory, verilog=(directory / "gateware" / f"{name}.v",), csr=csr,
-            addr_width=geom.bankbits + geom.rowbits + geom.colbits, data_width=data_width,
-            sdram_pins={k: (SDR_PINS[k], widths[k]) for k in SDR_PINS},
-            init=init_writes(hw["phy"], hw["timing"], csr), sim=False)
+            addr_width=addr_width, data_width=data_width,
+            sdram_pins={k: (pins[k], widths[k]) for k in pins},
+            init=init_writes(hw["phy"], hw["timing"], csr), sim=False, memtype=str(cfg["memtype"]))
 
     return _locked_build(Path(build_root or DEFAULT_BUILD_ROOT), name, core_key(path), make)
+
+
+def _sim_phy_with_csrs(model, hw_phy):
+    """``model`` (an ``SDRAMPHYModel``) with CSRs of the same names, kinds and sizes as ``hw_phy``'s, so that
+    the simulation core's CSR map equals the hardware core's. The registers do nothing to the model (its data
+    arrive at a fixed latency whatever the read delay or bitslip), except ``burstdet_seen``: every bit set
+    when read data arrive on the DFI, cleared by a write to ``burstdet_clr`` (ECP5DDRPHY's DQSBUFM burst
+    detector, which the leveling procedure checks)."""
+    from functools import reduce
+    from operator import or_
+
+    from litex.soc.interconnect.csr import CSR, AutoCSR, CSRStatus, CSRStorage
+    from migen import If, Module
+    from migen import Signal as Signal_  # noqa: N813 - Migen's, not Amaranth's
+
+    class SimPHYWithCSRs(Module, AutoCSR):
+        def __init__(self):
+            self.submodules.model = model
+            self.dfi, self.settings, self.module = model.dfi, model.settings, model.module
+            regs = {}
+            for r in hw_phy.get_csrs():
+                kind = type(r)
+                if kind not in (CSR, CSRStorage, CSRStatus):
+                    raise ValueError(f"{hw_phy.__class__.__name__} CSR {r.name!r} of kind {kind.__name__}")
+                regs[r.name] = kind(r.size, name=r.name)
+                setattr(self, f"_{r.name}", regs[r.name])
+            if "burstdet_seen" in regs and "burstdet_clr" in regs:
+                seen, clr = regs["burstdet_seen"], regs["burstdet_clr"]
+                valid = Signal_()
+                self.comb += valid.eq(reduce(or_, [p.rddata_valid for p in model.dfi.phases]))
+                self.sync += [If(clr.re, seen.status.eq(0)), If(valid, seen.status.eq(2 ** seen.size - 1))]
+
+    return SimPHYWithCSRs()
 
 
 def _sim_soc(cfg: Mapping):
@@ -349,14 +458,26 @@ def _sim_soc(cfg: Mapping):
     from litex.build.sim import SimPlatform
     from litex.soc.integration.soc_core import SoCCore
     from litex.soc.interconnect import wishbone
+    from migen import ClockDomain, If
     from migen import ClockSignal as ClockSignal_  # noqa: N813 - Migen's, not Amaranth's
-    from migen import If
+    from migen import Module as Module_  # noqa: N813
     from migen import ResetSignal as ResetSignal_  # noqa: N813
     from migen import Signal as Signal_  # noqa: N813
+    from migen.genlib.resetsync import AsyncResetSynchronizer
 
     c = _converted(cfg)
     hw = _hardware_soc(cfg)  # the settings come from the hardware core itself
     hw_ctl = hw.sdram.controller.settings
+    hw_phy = _hardware_phy(cfg, hw)
+
+    class SimCRG(Module_):
+        """The controller clock from ``clk``, ``rst`` through an AsyncResetSynchronizer (the DDR3 hardware
+        core's PLL, ECLKSYNCB, CLKDIVF and DDRDLLA have no part in the DFI-level model)."""
+
+        def __init__(self):
+            self.clock_domains.cd_sys = ClockDomain()
+            self.comb += self.cd_sys.clk.eq(platform.request("clk"))
+            self.specials += AsyncResetSynchronizer(self.cd_sys, platform.request("rst"))
     platform = SimPlatform("", io=[])
     platform.add_extension(gen.get_common_ios())
     platform.add_extension([("sim_monitor", 0, *[Subsignal(f"{n}_count", Pins(32)) for n in SIM_COMMANDS],
@@ -367,9 +488,14 @@ def _sim_soc(cfg: Mapping):
             SoCCore.__init__(self, platform, c["sys_clk_freq"], cpu_type=None, csr_data_width=32,
                              with_uart=False, integrated_rom_size=0, integrated_sram_size=0, with_timer=False,
                              with_ctrl=False)
-            self.crg = gen.LiteDRAMGENSDRPHYCRG(platform, c)  # clk, rst -> AsyncResetSynchronizer
-            self.ddrphy = SDRAMPHYModel(module=_module(cfg), settings=hw.sdrphy.settings,
-                                        clk_freq=c["sys_clk_freq"], verbosity=SDRAM_VERBOSE_STD)
+            if c["memtype"] == "SDR":
+                self.crg = gen.LiteDRAMGENSDRPHYCRG(platform, c)  # clk, rst -> AsyncResetSynchronizer
+            else:
+                self.crg = SimCRG()
+            model = SDRAMPHYModel(module=_module(cfg), settings=hw_phy.settings, clk_freq=c["sys_clk_freq"],
+                                  verbosity=SDRAM_VERBOSE_STD)
+            has_csrs = hasattr(type(hw_phy), "get_csrs") and hw_phy.get_csrs()  # GENSDRPHY: no AutoCSR
+            self.ddrphy = _sim_phy_with_csrs(model, hw_phy) if has_csrs else model
             self.add_sdram("sdram", phy=self.ddrphy, module=_module(cfg), size=0x01000000,
                            with_soc_interconnect=False, l2_cache_size=8, l2_cache_min_data_width=0,
                            controller_settings=hw_ctl)
@@ -383,7 +509,7 @@ def _sim_soc(cfg: Mapping):
             # the user port, wired as litedram_gen wires a native port (gated until init_done, not error)
             user_enable = Signal_()
             self.sync += user_enable.eq(self.ddrctrl.init_done.storage & ~self.ddrctrl.init_error.storage)
-            port = self.sdram.crossbar.get_port()
+            self.user_port = port = self.sdram.crossbar.get_port()
             platform.add_extension(gen.get_native_user_port_ios(USER_PORT, port.address_width,
                                                                 port.data_width))
             io = platform.request(f"user_port_{USER_PORT}")
@@ -401,24 +527,30 @@ def _sim_soc(cfg: Mapping):
             self._monitor(platform.request("sim_monitor"))
 
         def _monitor(self, pads):
-            """Counters of the DRAM commands on the model's DFI (observation only, not in the hardware core)."""
-            p0 = self.ddrphy.dfi.p0
-            cmd = {name: Signal_() for name in ("ref", "act", "pre", "rd", "wr")}
-            sel = ~p0.cs_n[0]
-            self.comb += [
-                cmd["ref"].eq(sel & ~p0.ras_n & ~p0.cas_n & p0.we_n),
-                cmd["act"].eq(sel & ~p0.ras_n & p0.cas_n & p0.we_n),
-                cmd["pre"].eq(sel & ~p0.ras_n & p0.cas_n & ~p0.we_n),
-                cmd["rd"].eq(sel & p0.ras_n & ~p0.cas_n & p0.we_n),
-                cmd["wr"].eq(sel & p0.ras_n & ~p0.cas_n & ~p0.we_n),
-            ]
-            for name, hit in cmd.items():
+            """Counters of the DRAM commands on the model's DFI (observation only, not in the hardware core),
+            over every DFI phase (a command on any phase counts once)."""
+            hits = {name: [] for name in SIM_COMMANDS}
+            for p in self.ddrphy.dfi.phases:
+                cmd = {name: Signal_() for name in SIM_COMMANDS}
+                sel = ~p.cs_n[0]
+                self.comb += [
+                    cmd["ref"].eq(sel & ~p.ras_n & ~p.cas_n & p.we_n),
+                    cmd["act"].eq(sel & ~p.ras_n & p.cas_n & p.we_n),
+                    cmd["pre"].eq(sel & ~p.ras_n & p.cas_n & ~p.we_n),
+                    cmd["rd"].eq(sel & p.ras_n & ~p.cas_n & p.we_n),
+                    cmd["wr"].eq(sel & p.ras_n & ~p.cas_n & ~p.we_n),
+                ]
+                for name in SIM_COMMANDS:
+                    hits[name].append(cmd[name])
+            for name, phase_hits in hits.items():
                 count = getattr(pads, f"{name}_count")
-                self.sync += If(hit, count.eq(count + 1))
+                self.sync += count.eq(count + sum(phase_hits[1:], phase_hits[0]))
+            any_ref = Signal_()
+            self.comb += any_ref.eq(sum(hits["ref"][1:], hits["ref"][0]) != 0)
             gap, seen = Signal_(32), Signal_()
             self.sync += [
                 gap.eq(gap + 1),
-                If(cmd["ref"],
+                If(any_ref,
                    gap.eq(1), seen.eq(1),
                    If(seen & (gap > pads.ref_max_gap), pads.ref_max_gap.eq(gap))),
             ]
@@ -435,7 +567,9 @@ def sim_settings(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
     dict
         The keys of :func:`hardware_settings` (``phy`` is the model's ``settings``, ``geom``/``timing``/
         ``controller`` the controller's, ``module`` the model's module) plus ``timing_checker``: True when
-        the model carries LiteDRAM's ``DFITimingsChecker``, and ``checker_timings``: its timings in ps.
+        the model carries LiteDRAM's ``DFITimingsChecker``, ``checker_timings``: its timings in ps,
+        ``model_words``: the words the model's arrays hold (all banks; one word per BL burst), and
+        ``model_width``: their width, bits.
     """
     _require_litedram()
     from litedram.phy.model import DFITimingsChecker
@@ -443,18 +577,26 @@ def sim_settings(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
     cfg = load_config(path)
     _, soc = _sim_soc(cfg)
     ctl = soc.sdram.controller.settings
-    checkers = [m for _, m in soc.ddrphy._submodules if isinstance(m, DFITimingsChecker)]
-    return {"phy": soc.ddrphy.settings, "geom": ctl.geom, "timing": ctl.timing, "controller": ctl,
-            "module": soc.ddrphy.module, "sys_clk_freq": float(soc.sys_clk_freq),
-            "timing_checker": bool(checkers), "checker_timings": checkers[0].timings if checkers else None}
+    model = getattr(soc.ddrphy, "model", soc.ddrphy)
+    checkers = [m for _, m in model._submodules if isinstance(m, DFITimingsChecker)]
+    mems = [sp for _, sub in model._submodules for sp in sub._fragment.specials if hasattr(sp, "depth")]
+    return {"phy": model.settings, "geom": ctl.geom, "timing": ctl.timing, "controller": ctl,
+            "module": model.module, "sys_clk_freq": float(soc.sys_clk_freq),
+            "timing_checker": bool(checkers), "checker_timings": checkers[0].timings if checkers else None,
+            "model_words": sum(m.depth for m in mems), "model_width": mems[0].width if mems else None}
 
 
-def generate_sim_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "litedram_ulx3s_sim",
+def generate_sim_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str | None = None,
                       build_root: str | os.PathLike | None = None) -> GeneratedCore:
     """The simulation core of config ``path`` (module docstring), converted to Verilog (cached).
 
-    The whole device is modelled (for the ULX3S config 4 banks x 8192 rows x 512 columns x 16 bits = 32 MiB,
-    as Verilog arrays), so the refresh timing is the module's own.
+    ``name`` defaults to ``litedram_<config stem>_sim`` (``litedram_ulx3s_sim``, ``litedram_ecpix5_sim``).
+    The whole device is modelled as Verilog arrays, so the refresh timing is the module's own: for the ULX3S
+    config 4 banks x 8192 rows x 512 columns x 16 bits = 32 MiB. For the ECPIX-5 config the arrays hold
+    1 GiB for the 512 MiB device: ``SDRAMPHYModel`` sizes a bank as ``rows x columns / (2 nphases)`` words
+    of one DFI cycle (``burst_length`` 2 for DDR3, which is right at rate 1:4), so at rate 1:2 it allocates a
+    128-bit word per 4 columns where a BL8 burst covers 8; every other word is never addressed
+    (docs/DDR3.md).
 
     Raises
     ------
@@ -463,6 +605,7 @@ def generate_sim_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "li
     """
     _require_litedram()
     cfg = load_config(path)
+    name = name or _default_name(path, sim=True)
 
     def make(directory: Path) -> GeneratedCore:
         from litex.soc.integration.export import get_csr_json
@@ -477,13 +620,14 @@ def generate_sim_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str = "li
         (directory / "csr.json").write_text(get_csr_json(soc.csr_regions, soc.constants, soc.mem_regions))
         csr = _csr_map(directory / "csr.json")
         ctl = soc.sdram.controller.settings
-        geom = ctl.geom
         verilog = (gw / f"{name}.v", *sorted(p for p in gw.iterdir() if p.suffix == ".init"))
+        addr_width, data_width = soc.user_port.address_width, soc.user_port.data_width
+        if (addr_width, data_width) != port_geometry(ctl):
+            raise AssertionError(f"port {addr_width}x{data_width} != {port_geometry(ctl)}")
         return GeneratedCore(
-            name=name, directory=directory, verilog=verilog, csr=csr,
-            addr_width=geom.bankbits + geom.rowbits + geom.colbits,
-            data_width=ctl.phy.dfi_databits * ctl.phy.nphases, sdram_pins={},
-            init=init_writes(ctl.phy, ctl.timing, csr), sim=True)
+            name=name, directory=directory, verilog=verilog, csr=csr, addr_width=addr_width,
+            data_width=data_width, sdram_pins={}, init=init_writes(ctl.phy, ctl.timing, csr), sim=True,
+            memtype=str(cfg["memtype"]))
 
     return _locked_build(Path(build_root or DEFAULT_BUILD_ROOT), name, core_key(path), make)
 
@@ -610,12 +754,18 @@ class LiteDRAMCore(wiring.Component):
     TypeError
         If ``core`` is not a :class:`GeneratedCore`.
     ValueError
-        If ``pins`` is missing, superfluous, or names other pins than the core has.
+        If ``pins`` is missing, superfluous, or names other pins than the core has; or ``core`` is a DDR3
+        hardware core (its ``clk`` is the board's 100 MHz oscillator, not the controller clock; a DDR3
+        simulation core is wrapped like an SDR one).
     """
 
     def __init__(self, core: GeneratedCore, *, pins: Mapping | None = None, init_timeout: int = 1024):
         if not isinstance(core, GeneratedCore):
             raise TypeError(f"core must be a GeneratedCore, not {core!r}")
+        if not core.sim and core.memtype != "SDR":
+            raise ValueError(f"{core.name}: a {core.memtype} hardware core takes the board oscillator on clk and "
+                             f"makes the controller clock itself (user_clk); this wrapper drives clk from sync "
+                             f"(SDR cores and simulation cores only; docs/DDR3.md)")
         if core.sim and pins is not None:
             raise ValueError("a simulation core has no SDRAM pins: pass pins=None")
         if not core.sim:

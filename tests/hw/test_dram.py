@@ -179,3 +179,129 @@ def test_wrapper_connects_every_port_of_the_generated_cores(cores):
     for core, kw in ((hw, {"pins": pins}), (sim, {})):
         wrapper = verilog.convert(dram.LiteDRAMCore(core, **kw), ports=[], name="top")
         assert _instance_ports(wrapper, core.name) == _module_ports(core.verilog[0].read_text(), core.name), core.name
+
+
+# ------------------------------------------------------------------------------------------- ECPIX-5 (DDR3)
+@pytest.fixture(scope="module")
+def ecpix5_cores(tmp_path_factory):
+    if not dram.litedram_available():
+        pytest.skip("LiteDRAM is not installed (pip install -e '.[dram]')")
+    root = tmp_path_factory.mktemp("litedram_ecpix5")
+    return (dram.generate_core(dram.ECPIX5_CONFIG, build_root=root),
+            dram.generate_sim_core(dram.ECPIX5_CONFIG, build_root=root), root)
+
+
+@needs_litedram
+def test_ecpix5_sim_core_settings_equal_the_hardware_core():
+    """ECP5DDRPHY's own settings (rate 1:2) and the MT41K256M16 timings at 75 MHz, in both cores."""
+    hw, sim = dram.hardware_settings(dram.ECPIX5_CONFIG), dram.sim_settings(dram.ECPIX5_CONFIG)
+    for key in ("phy", "geom", "timing"):
+        assert _settings_dict(sim[key]) == _settings_dict(hw[key]), key
+    for key in ("cmd_buffer_depth", "address_mapping", "with_refresh", "refresh_postponing", "read_time",
+                "write_time", "with_auto_precharge"):
+        assert getattr(sim["controller"], key) == getattr(hw["controller"], key), key
+    phy = hw["phy"]
+    assert (phy.phytype, phy.memtype, phy.nphases, phy.databits, phy.dfi_databits) == ("ECP5DDRPHY", "DDR3", 2, 16,
+                                                                                         64)
+    # tCK = 1/(2 x 75 MHz) = 6.67 ns: CL 6, CWL 5 (DDR3-800 bin); latencies in controller cycles
+    assert (phy.cl, phy.cwl, phy.rdphase, phy.wrphase) == (6, 5, 0, 1)
+    assert phy.read_latency == -(-phy.cl // 2) + 10 == 13 and phy.write_latency == -(-phy.cwl // 2) == 3
+    assert (phy.read_leveling, phy.bitslips, phy.delays) == (True, 4, 8)
+    assert cfg_rtt(phy) == ("60ohm", "60ohm", "34ohm")
+    assert type(sim["module"]) is type(hw["module"]) and type(hw["module"]).__name__ == "MT41K256M16"
+    assert sim["sys_clk_freq"] == hw["sys_clk_freq"] == 75e6
+    assert sim["timing_checker"], "the DRAM model's DFI timing checker is off"
+    ct = sim["checker_timings"]
+    assert ct["tCK"] == 6666 and ct["tREFI"] == 7812500 and ct["tRP"] == 13750   # ps
+    # refresh: 64 ms / 8192 at 75 MHz; tRFC is the module class's 208 DRAM clocks (its DDR3-1600 figure, 260 ns
+    # there) at this tCK: 104 controller cycles (1.39 us) per 586 (docs/DDR3.md)
+    t = hw["timing"]
+    assert (t.tREFI, t.tRFC, t.tCCD, t.tRP, t.tRCD, t.tZQCS) == (586, 104, 2, 2, 2, 32)
+    geom = hw["geom"]
+    assert (2 ** geom.bankbits, 2 ** geom.rowbits, 2 ** geom.colbits) == (8, 32768, 1024)
+    assert dram.port_geometry(hw["controller"]) == (25, 128)
+    # the model's arrays: one 128-bit word per DFI cycle of a bank's row x column space over 2 x nphases columns,
+    # i.e. 1 GiB for the 512 MiB device (SDRAMPHYModel's DDR3 burst_length of 2 assumes rate 1:4)
+    assert (sim["model_words"], sim["model_width"]) == (8 * 32768 * 1024 // 4, 128)
+    # what `litedram_gen --sim` would have built: litex_sim's DDR3 settings at rate 1:4, twice the bandwidth
+    from litedram.phy.model import get_sdram_phy_settings
+    generic = get_sdram_phy_settings(memtype="DDR3", data_width=16, clk_freq=75e6)
+    assert generic.nphases == 4 != phy.nphases
+
+
+def cfg_rtt(phy) -> tuple:
+    """(RTT_NOM, RTT_WR, RON) as litedram.init reads them from a PhySettings (``rtt_nom`` from ``rtt_nom``: the
+    2024.12 ``add_electrical_settings`` stores the config's value as ``rtt``, so init always takes its default
+    60 ohm, which is also this config's value)."""
+    return getattr(phy, "rtt_nom", "60ohm"), getattr(phy, "rtt_wr", "60ohm"), getattr(phy, "ron", "34ohm")
+
+
+def test_ecpix5_cores_generate_and_match(ecpix5_cores):
+    hw, sim, root = ecpix5_cores
+    assert (hw.name, sim.name) == ("litedram_ecpix5", "litedram_ecpix5_sim")
+    assert hw.memtype == sim.memtype == "DDR3" and not hw.sim and sim.sim
+    assert (hw.addr_width, hw.data_width) == (sim.addr_width, sim.data_width) == (25, 128)
+    assert hw.bytes == 512 * 2**20
+    assert hw.csr == sim.csr and hw.init == sim.init
+    # the PHY's read-leveling registers, as LiteX's BIOS and host.leveling use them
+    for name in ("ddrphy_dly_sel", "ddrphy_rdly_dq_rst", "ddrphy_rdly_dq_inc", "ddrphy_rdly_dq_bitslip_rst",
+                 "ddrphy_rdly_dq_bitslip", "ddrphy_burstdet_clr", "ddrphy_burstdet_seen",
+                 "sdram_dfii_pi0_wrdata", "sdram_dfii_pi1_rddata"):
+        assert name in hw.csr, name
+    text = hw.verilog[0].read_text()
+    header = re.search(r"module litedram_ecpix5 \((.*?)\);", text, re.S).group(1)
+    for name, (direction, width) in hw.sdram_pins.items():
+        vector = "" if width == 1 else rf"\[{width - 1}:0\] +"
+        kind = "output" if direction == "o" else "input"   # io: tristates inside; nc: never driven
+        assert re.search(rf"\b{kind} +wire +{vector}ddram_{name},?\n", header), name
+    for port in ("input  wire          clk", "output wire          pll_locked", "output wire          user_clk",
+                 "input  wire   [24:0] user_port_0_cmd_addr", "output wire  [127:0] user_port_0_rdata_data"):
+        assert port in header, port
+    assert "DQSBUFM" in text and "ECLKSYNCB" in text and "CLKDIVF" in text and "DDRDLLA" in text
+    stext = sim.verilog[0].read_text()
+    sheader = re.search(r"module litedram_ecpix5_sim \((.*?)\);", stext, re.S).group(1)
+    assert "ddram_" not in sheader and "DQSBUFM" not in stext
+    assert stext.count("reg [127:0] mem") == 8 and "[0:8388607]" in stext    # 8 banks x 8 Mi x 128 bits
+    assert "REF->ACT violation" in stext and "ZQCS->ACT violation" in stext   # the checker's rules
+    assert hw.directory.name.endswith(dram.core_key(dram.ECPIX5_CONFIG))
+    again = dram.generate_sim_core(dram.ECPIX5_CONFIG, build_root=root)
+    assert again == sim
+
+
+def test_ddr3_init_writes_follow_the_jedec_sequence(ecpix5_cores):
+    """litedram.init's DDR3 sequence as control-bus writes: reset release, CKE, MR2, MR3, MR1, MR0, ZQCL."""
+    hw, _, _ = ecpix5_cores
+    csr, w = hw.csr, hw.init
+    assert w[0] == (csr["sdram_dfii_control"], 0xE, 0)
+    assert w[1:3] == ((csr["ddrctrl_init_done"], 0, 0), (csr["ddrctrl_init_error"], 0, 0))
+    assert w[-2:] == ((csr["sdram_dfii_control"], 1, 0), (csr["ddrctrl_init_done"], 1, 0))
+    controls = [(v, d) for a, v, d in w if a == csr["sdram_dfii_control"]]
+    # RESET# released with CKE low for 50000 cycles (667 us >= 500 us), then CKE high for 10000 (>= tXPR)
+    assert controls == [(0xE, 0), (0xC, 50000), (0xE, 10000), (0x1, 0)]
+    issues = [i for i, x in enumerate(w) if x[0] == csr["sdram_dfii_pi0_command_issue"]]
+    steps = [(w[i - 2][1], w[i - 3][1], w[i - 1][1], w[i][2]) for i in issues]   # (bank, address, command, wait)
+    mrs = 0xF   # RAS|CAS|WE|CS
+    assert [(ba, cmd) for ba, _, cmd, _ in steps] == [(2, mrs), (3, mrs), (1, mrs), (0, mrs), (0, 0x3)]
+    mr = {ba: a for ba, a, cmd, _ in steps if cmd == mrs}
+    assert (mr[2] >> 3) & 0b111 == 5 - 5 and (mr[2] >> 9) & 0b11 == 1          # CWL 5, RTT_WR 60 ohm
+    assert mr[3] == 0
+    assert (mr[1] >> 1) & 1 == 1 and (mr[1] >> 5) & 1 == 0                       # RON 34 ohm
+    assert ((mr[1] >> 2) & 1, (mr[1] >> 6) & 1, (mr[1] >> 9) & 1) == (1, 0, 0)  # RTT_NOM 60 ohm
+    cl_code = ((mr[0] >> 4) & 0b111) << 1 | (mr[0] >> 2) & 1
+    assert mr[0] & 0b11 == 0 and cl_code == 0b0100 and (mr[0] >> 8) & 1 == 1     # BL8, CL 6, DLL reset
+    assert steps[3][3] >= 12 // 2                                                # tMOD after MR0
+    # ZQCL (A10 high), then at least tZQinit = tDLLK = 512 DRAM clocks = 256 cycles before the controller
+    assert steps[4][1] == 0x400 and steps[4][3] >= dram.DDR3_TZQINIT_NCK // 2 == 256
+
+
+def test_wrapper_refuses_a_ddr3_hardware_core_and_wraps_its_sim_core(ecpix5_cores):
+    hw, sim, _ = ecpix5_cores
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match="DDR3 hardware core"):
+            dram.LiteDRAMCore(hw, pins={})
+        gc.collect()
+    wrapper = dram.LiteDRAMCore(sim)
+    assert wrapper.port.signature == dram.NativePortSignature(addr_width=25, data_width=128)
+    text = verilog.convert(wrapper, ports=[], name="top")
+    assert _instance_ports(text, sim.name) == _module_ports(sim.verilog[0].read_text(), sim.name)
