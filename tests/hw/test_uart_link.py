@@ -154,3 +154,22 @@ def test_the_real_core_behind_the_link():
     assert link.read(R.STATUS) & ERROR
     link.reset_core()
     assert link.read(R.STATUS) == 0
+
+
+def test_stream_only_bridge_has_no_board_commands(port):
+    """The boards without DRAM build the stream-only bridge: no board port, and the DRAM boards' opcodes
+    are unknown there (each byte of 'G' and its argument answered with '?'); the board bridge has the port."""
+    assert "board" not in ul.LinkBridge().signature.members
+    assert not ul.LinkBridge().has_board
+    assert "board" in ul.LinkBridge(board=True).signature.members
+    port.write(bytes([ul.OP_BOARD_READ, 0x00]))
+    assert port.read(2) == bytes([ul.REP_UNKNOWN]) * 2
+    assert UartLink(port, timeout=5.0).read(R.ID_MAGIC) == isa.ID_MAGIC
+
+
+def test_constants_are_the_protocol_modules():
+    from hw.boards import link_protocol as lp
+
+    for name in ul.__all__:
+        if hasattr(lp, name):
+            assert getattr(ul, name) is getattr(lp, name), name
