@@ -444,3 +444,39 @@ def test_dram_top_elaborates_with_the_litedram_core_and_its_pins(tmp_path):
 def test_dram_top_passes_its_phase_to_the_pll(tmp_path):
     plan, _, _ = _dram_plan(tmp_path, sdram_phase_deg=180)
     assert "parameter \\CLKOS_CPHASE 23\n" in plan.files["top.il"]
+
+
+@pytest.mark.slow
+def test_dram_top_builds_with_the_litedram_core(tmp_path, monkeypatch):
+    """The whole flow of ``build(dram=True)`` with the stand-in board (about a minute): Yosys reads the generated
+    core, nextpnr places and routes it on the ULX3S's pins with every SDRAM IO register in its IO cell, both
+    clocks meet 50 MHz, ecppack writes the bitstream, and the report records what the issue asks."""
+    pytest.importorskip("litedram")
+    env = ecp5._tool_env()
+    import shutil
+
+    if not all(shutil.which(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")):
+        pytest.skip("the ECP5 tools (the synth extra) are not installed")
+    monkeypatch.setattr(ecp5, "_dram_board", StandInBoard)
+    bdir = tmp_path / "build"
+    rc = ecp5.build("ulx3s-85f", tmp_path / "out", freq_mhz=50, baud=2_000_000, build_root=bdir,
+                    write_bitstream_dir=False, dram=True, lanes=16, quant_lanes=4)
+    rep = json.loads((bdir / "report.json").read_text())
+    assert rc == 0 and rep["status"] == "built" and rep["timing_met"] is True, rep.get("clocks")
+    assert (bdir / "top.bit").stat().st_size > 100_000
+    from hw.boards.link_protocol import LINK_VERSION
+    from hw.isa import ISA_VERSION
+
+    assert (rep["top"], rep["isa_version"], rep["link_version"]) == ("dram", ISA_VERSION, LINK_VERSION)
+    roles = {c["role"]: c for c in rep["clocks"].values()}
+    assert set(roles) >= {"core", "sdram"} and all(c["timing_met"] for c in rep["clocks"].values())
+    assert roles["core"]["target_mhz"] == roles["sdram"]["target_mhz"] == 50.0
+    assert rep["fmax_mhz"] == roles["core"]["achieved_mhz"] >= 50.0
+    assert rep["pll"]["clkos"]["phase_deg"] == ecp5.SDRAM_CLK_PHASE_DEG and rep["pll"]["clkos"]["cphase"] == 19
+    lite = rep["litedram"]
+    assert lite["config"] == "hw/boards/litedram/ulx3s.yml" and lite["settings"]["sdram_phy"] == "GENSDRPHY"
+    assert set(lite["versions"]) == {"litedram", "litex", "migen"} and lite["dram_bytes"] == 32 << 20
+    # 13 a + 2 ba + ras/cas/we/cs + cke + 2 dm output registers, 16 dq (input, output, enable), the SDRAM clock
+    assert rep["utilisation"]["IOLOGIC"]["used"] == 39
+    assert rep["utilisation"]["EHXPLLL"]["used"] == 1
+    assert "--dram --sdram-phase 90" in rep["command"]
