@@ -1,10 +1,12 @@
-"""The ``mmfree`` command: generate text, score a text file, describe a checkpoint.
+"""The ``mmfree`` command: generate text, score a text file, describe a checkpoint, drive an ECP5 DRAM board.
 
 ::
 
     mmfree generate --prompt "def parse(" --max-new-tokens 64 --seed 0
     mmfree eval --text data/pydoc/heldout.txt --context 512 --json eval.json
     mmfree info --model ~/models/MMfreeLM-370M
+    mmfree board info                      # an ECP5 board on $MMFREE_ECP5_PORT: registers, core ID block
+    mmfree board load --image m.mmf        # the bundle into the board's DRAM, once
 
 ``--model`` defaults to the shipped model (:data:`DEFAULT_MODEL`), ``--device`` to
 :data:`host.devices.DEFAULT_DEVICE`. Errors the user can fix (a missing file, a bad argument, a
@@ -421,6 +423,128 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_board(args: argparse.Namespace) -> int:
+    """``mmfree board info|status|load|memtest``: an ECP5 board over its serial port (host/devices/ecp5.py)."""
+    from host.devices.ecp5 import Ecp5Device
+
+    if args.timeout is not None and not args.timeout > 0:
+        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.baud is not None and args.baud <= 0:
+        raise ValueError(f"--baud must be a positive rate in bits/s, got {args.baud}")
+    image = getattr(args, "image", None)
+    if image is not None:
+        _check_file(image, "bundle")
+    if args.board_command == "memtest" and (args.bytes <= 0 or args.bytes % 8):
+        raise ValueError(f"--bytes must be a positive multiple of 8, got {args.bytes}")
+    progress = args.progress if args.progress is not None else _stderr_is_tty()
+    with Ecp5Device(port=args.port, baud=args.baud, timeout=args.timeout, reload=getattr(args, "force", False),
+                    progress=progress) as dev:
+        dev.connect()
+        return {"info": _board_info, "status": _board_status, "load": _board_load,
+                "memtest": _board_memtest}[args.board_command](dev, args)
+
+
+def _rows(rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+def _flags(value: int, cls: Any) -> str:
+    return "|".join(f.name for f in cls if f.value and value & f.value) or "none"
+
+
+def _board_info(dev: Any, args: argparse.Namespace) -> int:
+    from hw.boards.link_protocol import BoardReg, BoardStatus
+    from hw.isa import TritPacking
+
+    rows = [("port", f"{dev.port_name} at {dev.baud:,} baud")]
+    if dev.mode == "dram":
+        regs = dev.transport.read_board()
+        magic = regs[BoardReg.MAGIC]
+        rows += [("link", f"version {regs[BoardReg.LINK_VERSION]} (DRAM board: the model loads once, tokens go by "
+                          f"id), magic 0x{magic:08x} ({magic.to_bytes(4, 'little').decode('ascii', 'replace')})"),
+                 ("DRAM", f"{regs[BoardReg.DRAM_BYTES]:,} bytes ({regs[BoardReg.DRAM_BYTES] / 2**20:g} MiB)"),
+                 ("clock", f"{regs[BoardReg.CLOCK_HZ] / 1e6:.3f} MHz"),
+                 ("status", _flags(regs[BoardReg.STATUS], BoardStatus))]
+    else:
+        rows.append(("link", "version 1 (stream-only: no board registers, no DRAM; the image is streamed every "
+                             "token)"))
+    ident = dev.ident
+    packings = [p.name for p in TritPacking if ident.packings >> p.value & 1]
+    rows += [("core", f"ID magic 0x{ident.magic:08x}, ISA version {ident.version}"),
+             ("core build", f"{ident.lanes} lanes, {ident.channels} channel(s) of {ident.bus_bits} bits, "
+                            f"{ident.quant_lanes} quantize lanes, {ident.acc_bits}-bit accumulators, packings "
+                            f"{', '.join(packings) or 'none'}"),
+             ("core capacities", f"hidden {ident.max_hidden}, intermediate {ident.max_intermediate}, layers "
+                                 f"{ident.max_layers}, vocab {ident.max_vocab}")]
+    _rows(rows)
+    return 0
+
+
+def _board_status(dev: Any, args: argparse.Namespace) -> int:
+    from host.devices.ecp5 import dram_contents
+    from hw.boards.link_protocol import BoardReg, BoardStatus
+
+    regs = dev.transport.read_board()      # DeviceError on a stream-only board
+    status = regs[BoardReg.STATUS]
+    valid = bool(status & BoardStatus.IMAGE_VALID)
+    hidden, vocab = regs[BoardReg.EMBED_HIDDEN], regs[BoardReg.EMBED_VOCAB]
+    end = regs[BoardReg.EMBED_BASE] + 4 * hidden * vocab
+    rows = [("image", "valid (IMAGE_VALID)" if valid else "none valid (IMAGE_VALID clear: `mmfree board load`)"),
+            ("checksum", f"0x{regs[BoardReg.IMAGE_CHECKSUM]:08x} (the identifier of the bundle it holds)"),
+            ("layout", f"image {regs[BoardReg.IMAGE_BYTES]:,} bytes at 0x{regs[BoardReg.IMAGE_BASE]:x}, embedding "
+                       f"table {vocab} x {hidden} int32 at 0x{regs[BoardReg.EMBED_BASE]:x}, {end:,} bytes in all")]
+    held = None
+    if args.image is not None:
+        from host.bundle import read_bundle
+
+        bundle = read_bundle(args.image)
+        layout, _ = dram_contents(bundle.image, bundle.embeddings)
+        held = dev.transport.holds(layout) and dev.link.dram_crc(0, layout.total_bytes) == layout.checksum
+        rows.append(("bundle", f"{args.image}: identifier 0x{layout.checksum:08x}, "
+                               + ("held by the board (registers and DRAM CRC match)" if held else
+                                  "not held by the board (`mmfree board load --image " f"{args.image}`)")))
+    errors = status & (BoardStatus.READER_ERROR | BoardStatus.WRITER_ERROR | BoardStatus.RX_OVERFLOW)
+    rows += [("link", f"{regs[BoardReg.LINK_TIMEOUTS]} commands timed out, {regs[BoardReg.LINK_FRAMING]} bytes "
+                      f"with framing errors, {regs[BoardReg.TOKENS]} tokens since configuration"),
+             ("errors", _flags(errors, BoardStatus))]
+    _rows(rows)
+    return 0 if held is None or held else 1
+
+
+def _board_load(dev: Any, args: argparse.Namespace) -> int:
+    dev.transport.require_dram("load a bundle into DRAM")
+    dev.load_image(args.image)
+    r = dev.last_load
+    lay = r.layout
+    what = (f"{lay.total_bytes:,} bytes (image {lay.image_bytes:,}, embedding table {lay.vocab} x {lay.hidden} "
+            f"int32 at 0x{lay.embed_base:x}), identifier 0x{lay.checksum:08x}")
+    if r.skipped:
+        print(f"skipped: the board already holds {args.image}: {what}; CRC verified in {r.seconds:.2f} s "
+              f"(--force rewrites it)")
+    else:
+        print(f"loaded {args.image}: {what}; {r.blocks_written} of {r.blocks_total} blocks of 64 KiB written "
+              f"({r.bytes_written:,} bytes, the others already matched) in {r.seconds:.1f} s, "
+              f"{r.write_rate / 1e6:.3f} MB/s; DRAM CRC verified, IMAGE_VALID set")
+    return 0
+
+
+def _board_memtest(dev: Any, args: argparse.Namespace) -> int:
+    r = dev.transport.memtest(args.bytes, seed=args.seed, progress=args.progress)
+    print(f"memtest: {r.nbytes:,} bytes of pseudo-random data (seed {args.seed}) in {r.blocks} blocks from address 0: "
+          f"written and checked ('L', then 'C' per block) at {r.write_mb_s:.3f} MB/s, all blocks checked again at "
+          f"{r.check_mb_s:.1f} MB/s")
+    if r.bad_blocks:
+        print(f"memtest FAIL: {len(r.bad_blocks)} block(s) differ, at "
+              + ", ".join(f"0x{a:08x}" for a in r.bad_blocks[:16]) + (" ..." if len(r.bad_blocks) > 16 else ""))
+    else:
+        print("memtest PASS: every block's CRC matched")
+    print("the board's image is overwritten and IMAGE_VALID cleared: `mmfree board load --image FILE.mmf` rewrites "
+          "the blocks that differ", file=sys.stderr)
+    return 1 if r.bad_blocks else 0
+
+
 def _cmd_power(args: argparse.Namespace) -> int:
     import importlib.util
     import platform
@@ -551,7 +675,8 @@ def _device_help() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``mmfree`` argument parser (subcommands ``generate``, ``eval``, ``compile``, ``info``)."""
+    """The ``mmfree`` argument parser (subcommands ``generate``, ``eval``, ``compile``, ``info``, ``power``,
+    ``selftest``, ``bench``, ``board``)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Host runtime of the MatMul-free LM accelerator.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -689,6 +814,41 @@ def build_parser() -> argparse.ArgumentParser:
                     help="core clock for the cycle-based rate (default: the board's design clock)")
     bn.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the JSON to OUT")
     bn.set_defaults(func=_cmd_bench)
+
+    bd = sub.add_parser("board", help="an ECP5 DRAM board over its serial port: registers, the image it holds, "
+                                      "loading a bundle once, a memory test")
+    bsub = bd.add_subparsers(dest="board_command", required=True, metavar="ACTION")
+
+    def board_common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--port", default=None, metavar="TTY",
+                       help="serial port (default: $MMFREE_ECP5_PORT or /dev/ttyUSB0)")
+        q.add_argument("--baud", type=int, default=None, metavar="BAUD",
+                       help="the bitstream's link rate (default: $MMFREE_ECP5_BAUD or 2000000)")
+        q.add_argument("--timeout", type=float, default=2.0, metavar="S",
+                       help="seconds to wait for any reply (default: 2)")
+        q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="progress bar while writing DRAM (default: when stderr is a terminal)")
+
+    q = bsub.add_parser("info", help="board registers (magic, link version, DRAM, clock, status) and the core's ID "
+                                     "block")
+    board_common(q)
+    q = bsub.add_parser("status", help="the image the board holds: checksum, layout, link counters; with --image, "
+                                       "whether it is that bundle (exit 1 when not)")
+    board_common(q)
+    q.add_argument("--image", type=Path, default=None, metavar="FILE.mmf", help="a bundle to compare with")
+    q = bsub.add_parser("load", help="write a bundle's image and embedding table into the board's DRAM, once: "
+                                     "skipped when the board holds it, else only the blocks that differ")
+    board_common(q)
+    q.add_argument("--image", type=Path, required=True, metavar="FILE.mmf",
+                   help="the bundle (mmfree compile --out FILE.mmf)")
+    q.add_argument("--force", action="store_true", help="write every block even when the board holds the bundle")
+    q = bsub.add_parser("memtest", help="write pseudo-random blocks to DRAM and check their CRCs (MB/s, errors); "
+                                        "overwrites the image and clears IMAGE_VALID")
+    board_common(q)
+    q.add_argument("--bytes", type=int, default=1 << 20, metavar="N",
+                   help="bytes to test from address 0, a multiple of 8 (default: 1 MiB, about 5 s at 2 Mbaud)")
+    q.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the data (default: 0)")
+    bd.set_defaults(func=_cmd_board)
     return parser
 
 

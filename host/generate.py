@@ -15,6 +15,15 @@ split over two tokens), so one token's text is not always printable on its own.
 prompt tokens, so decoders that strip a leading space, such as SentencePiece's, keep the space before
 the first generated word), and emits only the new suffix, holding it back while the decoded text ends
 with U+FFFD (an incomplete character). At the end, whatever is left is emitted as it is.
+
+Greedy decoding without logits
+------------------------------
+When the sampler's choice is the argmax of the raw logits (``temperature == 0``, or ``top_k == 1``, with no
+repetition penalty), :func:`generate` asks the device for the greedy token alone
+(:meth:`~host.devices.base.Device.prefill_argmax`, :meth:`~host.devices.base.Device.step_argmax`): the same
+tokens on every device (by default those methods take the argmax of the logits), and on an ECP5 DRAM board a
+12-byte summary per token on the link instead of the output packet. ``top_k == 1`` keeps every token tied at the
+largest logit and samples among them; the greedy path takes the lowest id of a tie.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Generation", "GenerationResult", "IncrementalDecoder", "encode_prompt", "encode_text", "generate",
-    "generate_text",
+    "generate_text", "is_greedy",
 ]
 
 #: Prompt tokens decoded ahead of the generated ids (see the module docstring).
@@ -119,11 +128,12 @@ class GenerationResult:
     device : str
         :attr:`Device.name`.
     prefill_seconds : float
-        Wall time of ``device.prefill(prompt_ids)``, in seconds.
+        Wall time of ``device.prefill(prompt_ids)`` (greedy: ``device.prefill_argmax``), in seconds.
     decode_seconds : float
         Wall time of the ``device.step`` calls, in seconds (device time, without sampling).
     decode_steps : int
-        Number of ``device.step`` calls (generated tokens minus one: the last token is not run).
+        Number of ``device.step`` (or, greedy, ``device.step_argmax``) calls (generated tokens minus one: the
+        last token is not run).
     total_seconds : float
         Wall time spent inside the generator (prefill, steps, sampling, detokenization), in seconds;
         time the consumer spends between pieces is not counted.
@@ -274,8 +284,8 @@ def generate(device: Device, tokenizer: Tokenizer, prompt: str, *, max_new_token
 
     The device is :meth:`~Device.reset` (a new sequence), the prompt is prefilled, then tokens are
     sampled (:class:`host.sampling.Sampler`; the repetition penalty sees the prompt and the generated
-    ids) and stepped one at a time. Arguments are validated here, eagerly; the device runs as the
-    returned stream is consumed.
+    ids) and stepped one at a time; greedy decoding asks the device for the argmax alone (module docstring).
+    Arguments are validated here, eagerly; the device runs as the returned stream is consumed.
 
     Parameters
     ----------
@@ -325,25 +335,34 @@ def generate(device: Device, tokenizer: Tokenizer, prompt: str, *, max_new_token
                          "the tokenizer does not match the model")
     result = GenerationResult(prompt=prompt, prompt_ids=prompt_ids, device=device.name)
     steps = _run(device, tokenizer, sampler, result, max_new_tokens=max_new_tokens,
-                 eos=eos if stop_at_eos else None, prefill_progress=prefill_progress)
+                 eos=eos if stop_at_eos else None, prefill_progress=prefill_progress,
+                 greedy=is_greedy(temperature=temperature, top_k=top_k, repetition_penalty=repetition_penalty))
     return Generation(steps, result)
 
 
-def _prefill(device: Device, ids: list[int], progress: Callable[[int, int], None] | None):
+def is_greedy(*, temperature: float, top_k: int, repetition_penalty: float) -> bool:
+    """Whether these sampling arguments pick the argmax of the raw logits (see the module docstring)."""
+    return repetition_penalty == 1 and (temperature == 0 or top_k == 1)
+
+
+def _prefill(device: Device, ids: list[int], progress: Callable[[int, int], None] | None, greedy: bool = False):
+    """The logits after the prompt (greedy: the argmax token), in chunks when progress is reported."""
+    run = device.prefill_argmax if greedy else device.prefill
     if progress is None or len(ids) <= PREFILL_CHUNK:
-        logits = device.prefill(ids)
+        out = run(ids)
         if progress is not None:
             progress(len(ids), len(ids))
-        return logits
+        return out
     for start in range(0, len(ids), PREFILL_CHUNK):
-        logits = device.prefill(ids[start:start + PREFILL_CHUNK])
+        out = run(ids[start:start + PREFILL_CHUNK])
         progress(min(start + PREFILL_CHUNK, len(ids)), len(ids))
-    return logits
+    return out
 
 
 def _run(device: Device, tokenizer: Tokenizer, sampler: Sampler, result: GenerationResult, *,
          max_new_tokens: int, eos: int | None,
-         prefill_progress: Callable[[int, int], None] | None = None) -> Generator[str, None, None]:
+         prefill_progress: Callable[[int, int], None] | None = None,
+         greedy: bool = False) -> Generator[str, None, None]:
     clock = time.perf_counter
     before = device.counters()
     decoder = IncrementalDecoder(tokenizer, result.prompt_ids)
@@ -352,13 +371,13 @@ def _run(device: Device, tokenizer: Tokenizer, sampler: Sampler, result: Generat
         t_start = clock()
         device.reset()
         t0 = clock()
-        logits = _prefill(device, result.prompt_ids, prefill_progress)
+        nxt = _prefill(device, result.prompt_ids, prefill_progress, greedy)   # logits, or greedy the token
         result.prefill_seconds = clock() - t0
         result.total_seconds += clock() - t_start
         reason = "length"
         for i in range(max_new_tokens):
             t_start = clock()
-            token = sampler(logits, context)
+            token = int(nxt) if greedy else sampler(nxt, context)
             if eos is not None and token == eos:
                 reason = "eos"
                 result.total_seconds += clock() - t_start
@@ -368,7 +387,7 @@ def _run(device: Device, tokenizer: Tokenizer, sampler: Sampler, result: Generat
             piece = decoder.push(token)
             if i + 1 < max_new_tokens:
                 t0 = clock()
-                logits = device.step(token)
+                nxt = device.step_argmax(token) if greedy else device.step(token)
                 result.decode_seconds += clock() - t0
                 result.decode_steps += 1
             result.total_seconds += clock() - t_start

@@ -13,11 +13,23 @@ order or to the wrong channel, gets a core error or wrong logits, exactly as on 
 Faults for the error-path tests: ``magic`` (ID block magic), ``stall_channel`` (that channel's DMA or
 kernel never finishes: a time-out), ``dma_error_channel`` (the DMA's error bit), ``force_error`` (the core
 reports an :class:`hw.isa.ErrorCause` instead of running the token).
+
+:class:`FakeEcp5Board` is an ECP5 bitstream seen from its serial port, speaking
+:mod:`hw.boards.link_protocol` byte for byte: the stream-only link (version 1: ``'R'``, ``'W'``, ``'S'``,
+``'X'``; anything else ``'?'``) or a DRAM board (version 2: board registers, a ``bytearray`` DRAM written with
+``'L'`` and checked with ``'C'`` (``zlib.crc32``), and ``'T'``, which builds the token packet with
+:func:`host.protocol.make_token_packet` from the table row it reads **from the fake's DRAM** at the layout its
+registers describe, and runs the image bytes read from DRAM on the golden machine: so the host's layout and
+load are what is tested, not copied). An argmax-only token's output is reduced as
+:class:`hw.argmax_tap.ArgmaxTap` does (:func:`argmax_summary`).
 """
 
 from __future__ import annotations
 
+import struct
 import types
+import zlib
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +37,10 @@ import numpy as np
 from host.devices.board import SOFT_RESET
 from host.devices.golden import GoldenMachine
 from host.image import ImageError
-from host.protocol import make_output_packet, merge_streams, parse_output_packet, token_packet_bytes
+from host.protocol import make_output_packet, make_token_packet, merge_streams, parse_output_packet, token_packet_bytes
 from hw import isa
+from hw.boards import link_protocol as lp
+from hw.boards.link_protocol import BoardReg, BoardStatus, DramStatus, TokenFlags, TokenStatus
 from hw.isa import Counter, Ctrl, ErrorCause, Status, TritPacking
 from hw.params import BuildParams
 
@@ -458,3 +472,334 @@ def fake_pyxrt(core: FakeCore):
     mod.device, mod.xclbin, mod.bo, mod.run, mod.kernel, mod.ip = device, xclbin, bo, run, kernel, ip
     mod.ert_cmd_state, mod.xclBOSyncDirection = ert_cmd_state, xclBOSyncDirection
     return mod
+
+
+# ---------------------------------------------------------------------------------------------- ECP5 boards
+def ecp5_id_values(**over) -> dict[int, int]:
+    """The ID block of the committed ECP5 builds (hw.boards.ecp5.DEFAULT_PARAMS), with overrides."""
+    from hw.boards import ecp5
+
+    p = ecp5.DEFAULT_PARAMS
+    kw = dict(lanes=p["lanes"], channels=1, bus_bits=64, packings=[isa.TritPacking[p["packing"].upper()]],
+              quant_lanes=p["quant_lanes"], max_hidden=p["max_hidden"], max_intermediate=p["max_intermediate"],
+              max_layers=p["max_layers"])
+    kw.update(over)
+    return isa.id_block_values(**kw)
+
+
+def argmax_summary(packet: bytes) -> tuple[int, int, int]:
+    """(position, argmax, flags) of an output packet as :class:`hw.argmax_tap.ArgmaxTap` reduces it (flags:
+    :class:`hw.argmax_tap.TapFlags` bits CRC 1, MAGIC 2, ABORT 4, LENGTH 8)."""
+    words = struct.unpack(f"<{len(packet) // 4}I", packet)
+    tw = isa.layout_bytes(isa.OutputTrailer) // 4
+    t = isa.unpack(isa.OutputTrailer, packet[-4 * tw:]) if len(words) >= tw else None
+    flags = 0
+    if isa.crc32_words(packet[:-4]) != words[-1]:
+        flags |= 1
+    if t is None or t.magic != isa.OUTPUT_MAGIC:
+        flags |= 2
+    if words[-1] == isa.OUTPUT_ABORT_WORD:
+        flags |= 4
+    n = t.n_logits if t is not None else 0
+    if len(words) != -(-(n + tw) // 16) * 16:
+        flags |= 8
+    return (0, 0, flags) if t is None else (t.position, t.argmax, flags)
+
+
+class FakeEcp5Board:
+    """An ECP5 bitstream seen from the serial port (module docstring): link protocol, register block, golden core,
+    and with ``link_version=2`` the DRAM board's registers, DRAM and token command.
+
+    Parameters
+    ----------
+    ids : dict, optional
+        The core's ID block ``{offset: value}`` (default :func:`ecp5_id_values`).
+    link_version : {1, 2}
+    dram_bytes, clock_hz : int
+        ``BoardReg.DRAM_BYTES`` and ``CLOCK_HZ`` (version 2).
+
+    Attributes
+    ----------
+    max_unacked : int
+        The most ``'S'``/``'L'`` bytes the host had sent whose acknowledgement it had not yet read (the receive
+        FIFO the host must not overflow).
+    drop_after : int or None
+        Bytes from the host after which the port fails (``OSError`` from ``write`` and ``read``: an unplugged
+        board) until :meth:`reconnect`.
+    force_token_status, force_tap_flags : int
+        OR-ed into every ``'t'`` status (a refused token then runs nothing) / argmax summary's flags.
+    corrupt_writes_at : int or None
+        A DRAM byte address whose byte every ``'L'`` covering it stores inverted (a bad memory cell).
+    board_writes : list of (BoardReg, int)
+        The ``'P'`` writes, in order.
+    ops : collections.Counter
+        Commands taken, by opcode character.
+    """
+
+    def __init__(self, ids=None, *, link_version: int = 1, dram_bytes: int = 32 << 20,
+                 clock_hz: int = 50_000_000):
+        import collections
+
+        self.ids = ids if ids is not None else ecp5_id_values()
+        self.link_version = link_version
+        self.timeout = None
+        self.rx = bytearray()            # bytes from the host not yet parsed
+        self.tx = deque()                # frames to the host: [bytes left, acknowledges a windowed command]
+        self.unacked = deque()           # bytes of each 'S'/'L' command whose reply the host has not read
+        self.max_unacked = 0
+        self.machines = {}
+        self.ops = collections.Counter()
+        self.received = 0
+        self.drop_after: int | None = None
+        self.dead = False
+        self.force_token_status = 0
+        self.force_tap_flags = 0
+        self.corrupt_writes_at: int | None = None
+        self.board_writes: list[tuple[BoardReg, int]] = []
+        self.tokens_run = 0
+        self.dram = bytearray(dram_bytes) if link_version >= 2 else None
+        self.regs = dict.fromkeys(BoardReg, 0)
+        self.regs.update({BoardReg.MAGIC: lp.BOARD_MAGIC, BoardReg.LINK_VERSION: link_version,
+                          BoardReg.DRAM_BYTES: dram_bytes, BoardReg.CLOCK_HZ: clock_hz,
+                          BoardReg.STATUS: int(BoardStatus.DRAM_READY)})
+        self.reset()
+
+    def reset(self):
+        """The core's reset (``'X'``): state, registers, counters; board registers and DRAM stay."""
+        self.phase, self.packet, self.beats = "token", b"", bytearray()
+        self.state = None
+        self.counters = dict.fromkeys(isa.Counter, 0)
+        self.status, self.cause, self.where = 0, 0, 0
+        self.regs[BoardReg.STATUS] &= ~int(BoardStatus.READER_ERROR | BoardStatus.WRITER_ERROR)
+
+    def reconnect(self):
+        """The board seen again after the link dropped: what the host had half sent is abandoned (the link's
+        byte time-out), nothing else changes."""
+        if self.rx:
+            self.regs[BoardReg.LINK_TIMEOUTS] += 1
+        self.rx.clear()
+        self.tx.clear()
+        self.unacked.clear()
+        self.dead, self.drop_after = False, None
+
+    # ---- pyserial subset
+    def write(self, data):
+        if self.dead:
+            raise OSError("fake ECP5 board: device disconnected")
+        data = bytes(data)
+        if self.drop_after is not None and self.received + len(data) > self.drop_after:
+            keep = max(self.drop_after - self.received, 0)
+            self.rx += data[:keep]
+            self.received += keep
+            self._parse()
+            self.dead = True
+            raise OSError("fake ECP5 board: device disconnected")
+        self.rx += data
+        self.received += len(data)
+        self._parse()
+        return len(data)
+
+    def read(self, n):
+        if self.dead:
+            raise OSError("fake ECP5 board: device reports readiness to read but returned no data")
+        out = bytearray()
+        while self.tx and len(out) < n:
+            frame = self.tx[0]
+            k = min(n - len(out), len(frame[0]))
+            out += frame[0][:k]
+            del frame[0][:k]
+            if not frame[0]:
+                self.tx.popleft()
+                if frame[1]:
+                    self.unacked.popleft()
+        return bytes(out)
+
+    def reset_input_buffer(self):
+        self.tx.clear()
+        self.unacked.clear()
+
+    def close(self):
+        pass
+
+    # ---- board
+    def _reply(self, *chunks, ack: bool = False):
+        frame = bytearray(b"".join(chunks))
+        self.tx.append([frame, ack])
+
+    def _output(self, packet: bytes):
+        words = struct.unpack(f"<{len(packet) // 4}I", packet)
+        for i, w in enumerate(words):
+            self._reply(bytes([lp.REP_OUTPUT]), struct.pack("<IB", w, int(i == len(words) - 1)))
+
+    def _reg(self, addr):
+        if addr in self.ids:
+            return self.ids[addr]
+        if addr == R.STATUS:
+            return self.status
+        if addr == R.ERROR_CAUSE:
+            return self.cause
+        if addr == R.ERROR_WHERE:
+            return self.where
+        for c in isa.Counter:
+            if addr == R.counter(c):
+                return self.counters[c] & 0xFFFFFFFF
+            if addr == R.counter(c) + 4:
+                return self.counters[c] >> 32
+        return 0
+
+    def _parse(self):
+        dram_ops = (lp.OP_BOARD_READ, lp.OP_BOARD_WRITE, lp.OP_DRAM_WRITE, lp.OP_DRAM_CRC, lp.OP_TOKEN)
+        while self.rx:
+            op = self.rx[0]
+            if op not in lp.COMMAND_BYTES or (op in dram_ops and self.link_version < 2):
+                self._reply(bytes([lp.REP_UNKNOWN]))
+                del self.rx[:1]
+                continue
+            head = 1 + lp.COMMAND_BYTES[op]
+            if len(self.rx) < head:
+                return
+            size = head
+            if op in (lp.OP_STREAM, lp.OP_DRAM_WRITE):
+                n1 = struct.unpack_from("<H", self.rx, head - 2 if op == lp.OP_DRAM_WRITE else 1)[0]
+                size += lp.BEAT_BYTES * (n1 + 1)
+            if len(self.rx) < size:
+                return
+            cmd = bytes(self.rx[:size])
+            del self.rx[:size]
+            self.ops[chr(op)] += 1
+            getattr(self, f"_op_{chr(op)}")(cmd)
+
+    # core registers and stream (every link version)
+    def _op_R(self, cmd):
+        self._reply(bytes([lp.REP_READ]), struct.pack("<I", self._reg(cmd[1])))
+
+    def _op_W(self, cmd):
+        addr, value = cmd[1], struct.unpack_from("<I", cmd, 2)[0]
+        if addr == R.CTRL and value & isa.Ctrl.CLEAR.value:
+            self.status, self.phase, self.beats = 0, "token", bytearray()
+            self.cause = self.where = 0
+        self._reply(bytes([lp.REP_WRITE]))
+
+    def _op_S(self, cmd):
+        _, flags = struct.unpack_from("<HB", cmd, 1)
+        self._window(len(cmd))
+        self.beats += cmd[4:]
+        self._reply(bytes([lp.REP_STREAM]), ack=True)
+        if flags & 1:
+            self._packet_end()
+
+    def _op_X(self, cmd):
+        self.reset()
+        self._reply(bytes([lp.REP_RESET]))
+
+    def _window(self, nbytes):
+        self.unacked.append(nbytes)
+        self.max_unacked = max(self.max_unacked, sum(self.unacked))
+
+    # board registers, DRAM, tokens (link version 2)
+    def _op_G(self, cmd):
+        addr = cmd[1]
+        value = self.regs.get(BoardReg(addr), 0) if addr in BoardReg._value2member_map_ else 0
+        self._reply(bytes([lp.REP_BOARD_READ]), struct.pack("<I", value))
+
+    def _op_P(self, cmd):
+        addr, value = cmd[1], struct.unpack_from("<I", cmd, 2)[0]
+        if addr in BoardReg._value2member_map_:
+            self.board_writes.append((BoardReg(addr), value))
+        if addr in BoardReg._value2member_map_ and BoardReg(addr) in lp.WRITABLE:
+            if addr == BoardReg.STATUS:
+                keep = self.regs[BoardReg.STATUS] & ~int(BoardStatus.IMAGE_VALID)
+                self.regs[BoardReg.STATUS] = keep | (value & int(BoardStatus.IMAGE_VALID))
+            else:
+                self.regs[BoardReg(addr)] = value
+        self._reply(bytes([lp.REP_BOARD_WRITE]))
+
+    def _dram_ok(self, addr, nbytes) -> int:
+        if addr % lp.BEAT_BYTES or nbytes % lp.BEAT_BYTES or addr + nbytes > len(self.dram):
+            return int(DramStatus.BAD_ALIGN)
+        return 0
+
+    def _op_L(self, cmd):
+        addr = struct.unpack_from("<I", cmd, 1)[0]
+        data = cmd[1 + lp.COMMAND_BYTES[lp.OP_DRAM_WRITE]:]
+        self._window(len(cmd))
+        st = self._dram_ok(addr, len(data))
+        if not st:
+            self.dram[addr:addr + len(data)] = data
+            bad = self.corrupt_writes_at
+            if bad is not None and addr <= bad < addr + len(data):
+                self.dram[bad] ^= 0xFF
+            self.regs[BoardReg.STATUS] &= ~int(BoardStatus.IMAGE_VALID)
+        self._reply(bytes([lp.REP_DRAM_WRITE, st]), ack=True)
+
+    def _op_C(self, cmd):
+        addr, nbytes = struct.unpack_from("<II", cmd, 1)
+        st = self._dram_ok(addr, nbytes)
+        crc = 0 if st else zlib.crc32(memoryview(self.dram)[addr:addr + nbytes])
+        self._reply(bytes([lp.REP_DRAM_CRC]), struct.pack("<IB", crc, st))
+
+    def _op_T(self, cmd):
+        token, pos, flags = struct.unpack_from("<IIB", cmd, 1)
+        regs = self.regs
+        regs[BoardReg.TOKENS] = (regs[BoardReg.TOKENS] + 1) & 0xFFFFFFFF
+        hidden, vocab = regs[BoardReg.EMBED_HIDDEN], regs[BoardReg.EMBED_VOCAB]
+        st = self.force_token_status
+        if not regs[BoardReg.STATUS] & BoardStatus.IMAGE_VALID:
+            st |= TokenStatus.NO_IMAGE
+        elif token >= vocab:
+            st |= TokenStatus.BAD_TOKEN
+        elif not 1 <= hidden <= self.ids[R.ID_MAX_HIDDEN]:
+            st |= TokenStatus.BAD_HIDDEN
+        if st:
+            self._reply(bytes([lp.REP_TOKEN, int(st)]))
+            return
+        base = regs[BoardReg.EMBED_BASE] + 4 * token * hidden
+        row = np.frombuffer(bytes(self.dram[base:base + 4 * hidden]), dtype="<i4")
+        logits = bool(flags & TokenFlags.LOGITS)
+        packet = make_token_packet(row, position=pos, logits=logits)
+        image = bytes(self.dram[regs[BoardReg.IMAGE_BASE]:regs[BoardReg.IMAGE_BASE] + regs[BoardReg.IMAGE_BYTES]])
+        out = self._execute(packet, image)
+        if out is None:
+            self._reply(bytes([lp.REP_TOKEN, int(TokenStatus.CORE_ERROR)]))
+        elif logits:                     # the LM head's words leave while its weights still stream: before 't'
+            self._output(out)
+            self._reply(bytes([lp.REP_TOKEN, 0]))
+        else:                            # the tap's summary follows the packet's end: after 't'
+            position, argmax, tap = argmax_summary(out)
+            self._reply(bytes([lp.REP_TOKEN, 0]))
+            self._output(struct.pack("<3I", position, argmax, tap | self.force_tap_flags))
+
+    # the core
+    def _execute(self, packet: bytes, image: bytes) -> bytes | None:
+        """One token on the golden machine with the board's state; the output packet, or None after setting the
+        core's error registers (the core in its error state drains its input: an error too)."""
+        if self.status & isa.Status.ERROR.value:
+            return None
+        try:
+            m = self.machines.get(image)
+            if m is None:
+                m = self.machines[image] = GoldenMachine(image)
+            res = m.run_token(packet, self.state if self.state is not None else m.init_state())
+        except ImageError as exc:
+            self.status = (isa.Status.ERROR | isa.Status.DONE).value
+            self.cause, self.where = exc.cause.value, exc.instruction or 0
+            return None
+        self.state = res.state
+        for c, v in res.counters.items():     # the oracle's activity counts; the beats its bytes make
+            self.counters[c] += int(v)
+        self.counters[isa.Counter.STREAM_BEATS] += sum(res.stream_bytes) // lp.BEAT_BYTES
+        self.status = isa.Status.DONE.value
+        self.tokens_run += 1
+        return res.output
+
+    def _packet_end(self):
+        data, self.beats = bytes(self.beats), bytearray()
+        if self.status & isa.Status.ERROR.value:     # error state: inputs are drained
+            return
+        if self.phase == "token":
+            self.packet, self.phase = data, "image"
+            return
+        self.phase = "token"
+        out = self._execute(self.packet, data)
+        if out is not None:
+            self._output(out)

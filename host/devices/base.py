@@ -20,6 +20,9 @@ position and the counters. Hooks therefore receive only validated input:
 * ``_prefill(ids)`` / ``_forward(ids)`` get a non-empty 1-D int64 array of valid ids.
 * ``_save_state()`` returns an *independent* copy of the recurrent state (any picklable object);
   ``_restore_state(payload)`` must not keep a reference to ``payload`` that later steps would mutate.
+* ``_step_argmax(token_id)`` / ``_prefill_argmax(ids)`` (optional) return the greedy next token alone, for a
+  device that can deliver it without the logits (an ECP5 DRAM board: 12 bytes on its link instead of the
+  output packet); the defaults take the argmax of ``_step`` / ``_prefill``.
 
 Device modules that need board libraries (``pynq``, ``pyxrt``) import them inside the module that
 defines the device, never at package import: :mod:`host.devices` imports device modules lazily.
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from host.model import HGRNBitConfig, ModelWeights
+from host.sampling import greedy
 
 if TYPE_CHECKING:
     from host.bundle import Bundle
@@ -170,6 +174,15 @@ class Device(abc.ABC):
     def _forward(self, token_ids: np.ndarray) -> np.ndarray:
         """Run tokens, return the logits of every position [T, V]. Default: a loop of :meth:`_step`."""
         return np.stack([np.asarray(self._step(int(t)), dtype=np.float32) for t in token_ids])
+
+    def _step_argmax(self, token_id: int) -> int:
+        """Run one valid token, advance the state, return the greedy next token. Default: the argmax of
+        :meth:`_step`'s logits (:func:`host.sampling.greedy`: the lowest id on ties)."""
+        return greedy(self._check_logits(self._step(token_id), (self.vocab_size,)))
+
+    def _prefill_argmax(self, token_ids: np.ndarray) -> int:
+        """Run a prompt, return the greedy token after it. Default: the argmax of :meth:`_prefill`'s logits."""
+        return greedy(self._check_logits(self._prefill(token_ids), (self.vocab_size,)))
 
     def _close(self) -> None:  # noqa: B027 - optional hook: most devices have nothing to release
         """Release resources (buffers, board handles). Default: nothing."""
@@ -314,6 +327,48 @@ class Device(abc.ABC):
         self._counters["tokens"] += 1
         self._counters["step_calls"] += 1
         return logits
+
+    def step_argmax(self, token_id: int) -> int:
+        """Run one token like :meth:`step` and return the greedy next token instead of the logits.
+
+        What greedy decoding needs (``temperature == 0`` and no repetition penalty: :func:`host.generate.generate`
+        uses it then). By default the argmax of :meth:`step`'s logits (the lowest id on ties, as
+        :func:`host.sampling.greedy`); a device that computes it itself returns its own: the accelerator's is the
+        first index of the largest logit accumulator, the same token unless two accumulators above 2**24 round to
+        one float32 logit. Counted as a step (``tokens``, ``step_calls``).
+
+        Returns
+        -------
+        int
+            Token id in ``[0, vocab_size)``.
+
+        Raises
+        ------
+        DeviceError, ValueError, TypeError
+            As :meth:`step`; DeviceError too for an id outside the vocabulary from the device.
+        """
+        self._check_loaded()
+        tok = self._check_token(token_id)
+        nxt = self._check_argmax(self._step_argmax(tok))
+        self._position += 1
+        self._counters["tokens"] += 1
+        self._counters["step_calls"] += 1
+        return nxt
+
+    def prefill_argmax(self, token_ids: Sequence[int]) -> int:
+        """Run a prompt like :meth:`prefill` and return the greedy token after it instead of the logits (see
+        :meth:`step_argmax`). Counted as a prefill.
+
+        Raises
+        ------
+        DeviceError, ValueError
+            As :meth:`prefill`.
+        """
+        self._check_loaded()
+        ids = self._check_tokens(token_ids)
+        nxt = self._check_argmax(self._prefill_argmax(ids))
+        self._count_prefill(len(ids))
+        return nxt
 
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
         """Run a prompt from the current state, return the logits of its last token.
@@ -481,6 +536,16 @@ class Device(abc.ABC):
             raise DeviceError(f"device {self.name!r} returned logits of shape {out.shape}, expected {shape}")
         return out
 
+    def _check_argmax(self, token: Any) -> int:
+        try:
+            t = operator.index(token)
+        except TypeError:
+            raise DeviceError(f"device {self.name!r} returned a greedy token {token!r}, not an integer") from None
+        if not 0 <= t < self.vocab_size:
+            raise DeviceError(f"device {self.name!r} returned greedy token {t}, outside the vocabulary "
+                              f"(0..{self.vocab_size - 1})")
+        return t
+
     def _count_prefill(self, n: int) -> None:
         self._position += n
         self._counters["tokens"] += n
@@ -493,7 +558,8 @@ class ReplayLogDevice(Device):
     the saved state is the token ids run since the last reset, and restoring it replays them.
 
     Subclasses implement ``_run(token_id, position)`` (one token on the core; its result goes through
-    :meth:`_logits`) and ``_reset()``, which resets the core and must empty ``self._log`` and clear
+    :meth:`_logits`), optionally ``_run_argmax(token_id, position)`` (the greedy token alone; default: the
+    argmax of ``_run``'s logits), and ``_reset()``, which resets the core and must empty ``self._log`` and clear
     ``self._lost``. ``self._lost`` set by a subclass (say, after a time-out reset the core) makes the next
     step replay the log first. Replayed tokens count in ``counters()["replayed_tokens"]``.
     """
@@ -512,9 +578,13 @@ class ReplayLogDevice(Device):
         """Reset, then run ``ids`` from position 0 (recomputes the state they lead to)."""
         self._reset()
         for t in ids:
-            self._run(int(t), len(self._log))
+            self._run_argmax(int(t), len(self._log))   # the logits of replayed tokens are not read
             self._log.append(int(t))
             self._counters["replayed_tokens"] += 1
+
+    def _run_argmax(self, token_id: int, position: int) -> int:
+        """The greedy token after one token on the core (default: the argmax of its logits)."""
+        return greedy(self._check_logits(self._logits(self._run(token_id, position)), (self.vocab_size,)))
 
     def _step(self, token_id: int) -> np.ndarray:
         if self._lost:
@@ -523,6 +593,19 @@ class ReplayLogDevice(Device):
         self._log.append(int(token_id))
         return logits
 
+    def _step_argmax(self, token_id: int) -> int:
+        if self._lost:
+            self._replay(list(self._log))
+        nxt = self._run_argmax(token_id, len(self._log))
+        self._log.append(int(token_id))
+        return nxt
+
+    def _prefill_argmax(self, token_ids: np.ndarray) -> int:
+        nxt = 0
+        for t in token_ids:
+            nxt = self._step_argmax(int(t))
+        return nxt
+
     def _save_state(self) -> Any:
         return tuple(self._log)
 
@@ -530,7 +613,7 @@ class ReplayLogDevice(Device):
         ids = [int(t) for t in payload]
         if not self._lost and ids[:len(self._log)] == self._log:
             for t in ids[len(self._log):]:   # the saved sequence extends the current one: run the rest
-                self._run(t, len(self._log))
+                self._run_argmax(t, len(self._log))
                 self._log.append(t)
                 self._counters["replayed_tokens"] += 1
             return

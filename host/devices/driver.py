@@ -11,14 +11,20 @@ transport (:class:`Transport`) with a simulation implementation (:mod:`host.devi
   the image the same way. The image is checked against the ID block (channels, packing, capacities), split
   into the channel streams and staged once;
 * **tokens**: the host's embedding lookup makes the token packet (exactly the golden device's); the
-  transport streams it and the image and returns the output packet, decoded into the same logits;
+  transport streams it and the image and returns the output packet, decoded into the same logits. A
+  transport that holds the model itself (:class:`TokenTransport`, ``runs_token_ids``: the ECP5 DRAM boards)
+  gets the image and the embedding table once (``stage_model``) and then only token ids and positions
+  (``run_token``); greedy decoding (:meth:`~host.devices.base.Device.step_argmax`) and the prompt tokens
+  whose logits nobody reads then come back as the 3-word argmax summary (:func:`parse_argmax_summary`);
 * **errors**: the core's ``STATUS.error`` becomes a :class:`~host.protocol.CoreError` naming the
   :class:`~hw.isa.ErrorCause` and the instruction (the committed state is unchanged; the transport leaves the
   core waiting for the next token packet); a token past its deadline is a
   :class:`~host.protocol.DeviceTimeout` (never a hang): the transport aborts and resets the core, and the
   next token first replays the sequence so far;
 * **counters**: ``hw_<name>`` per :class:`~hw.isa.Counter` (increments per token), ``replayed_tokens`` and
-  the transport's own (:attr:`Transport.extra_counters`);
+  the transport's own (:attr:`Transport.extra_counters`). Over a token-id transport the core's counters are
+  read when :meth:`~AcceleratorDevice.counters` is called and before a reset, not per token (24 register
+  reads would cost more link time than the token);
 * **state**: the recurrent state lives in the core, which the host cannot read, so
   :meth:`~host.devices.base.Device.save_state` is the log of token ids since the last reset and restoring
   replays it after a core reset (:class:`~host.devices.base.ReplayLogDevice`).
@@ -30,6 +36,8 @@ A transport (:class:`Transport`) only moves bytes and register values: :mod:`hos
 
 from __future__ import annotations
 
+import enum
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,15 +50,51 @@ from host.devices.base import DeviceError, ReplayLogDevice
 from host.image import ImageInfo, ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
+from hw import numerics as nx
 from hw.isa import Counter, Ctrl, Opcode
 
 if TYPE_CHECKING:
     from host.bundle import Bundle
     from host.compiler import CompileOptions
 
-__all__ = ["AcceleratorDevice", "Delivery", "Transport"]
+__all__ = ["AcceleratorDevice", "ArgmaxSummary", "Delivery", "SummaryFlags", "TokenTransport", "Transport",
+           "parse_argmax_summary"]
 
 R = isa.REGISTER_MAP
+
+
+class SummaryFlags(enum.IntFlag):
+    """The flags word of an argmax summary: :class:`hw.argmax_tap.TapFlags`, bit for bit (that module needs
+    Amaranth, which a board host lacks; ``tests/test_ecp5_dram.py`` checks the two agree)."""
+
+    CRC = 1       #: the output packet's CRC word did not match its words
+    MAGIC = 2     #: the trailer's magic was not OUTPUT_MAGIC
+    ABORT = 4     #: the packet ended with OUTPUT_ABORT_WORD (an error in the LM head)
+    LENGTH = 8    #: the packet's word count was not the one its n_logits announces
+
+
+@dataclass(frozen=True)
+class ArgmaxSummary:
+    """What a DRAM board's argmax tap (:class:`hw.argmax_tap.ArgmaxTap`) sends for an argmax-only token."""
+
+    position: int
+    argmax: int
+    flags: SummaryFlags
+
+
+def parse_argmax_summary(raw: bytes) -> ArgmaxSummary:
+    """Decode the :data:`hw.boards.link_protocol.ARGMAX_SUMMARY_WORDS` little-endian words (position, argmax,
+    flags) of an argmax-only token's output.
+
+    Raises
+    ------
+    ValueError
+        Not exactly 12 bytes.
+    """
+    if len(raw) != 12:
+        raise ValueError(f"an argmax summary is 3 words (12 bytes), got {len(raw)} bytes")
+    pos, arg, flags = struct.unpack("<3I", raw)
+    return ArgmaxSummary(pos, arg, SummaryFlags(flags))
 
 
 @dataclass
@@ -123,6 +167,32 @@ class Transport(Protocol):
         """Release buffers, handles, processes; idempotent."""
 
 
+@runtime_checkable
+class TokenTransport(Transport, Protocol):
+    """A transport whose far side holds the model and builds token packets itself (the ECP5 DRAM boards): the
+    driver checks ``runs_token_ids`` after :meth:`~Transport.connect` and, when it is true, calls
+    :meth:`stage_model` instead of :meth:`~Transport.stage` and :meth:`run_token` instead of
+    :meth:`~Transport.run` (which stays available for packets the host makes itself).
+
+    Attributes
+    ----------
+    runs_token_ids : bool
+        Whether this connection runs tokens by id (may depend on what answered on connect).
+    """
+
+    runs_token_ids: bool
+
+    def stage_model(self, image: ParsedImage, table: np.ndarray, out_bytes: int) -> None:
+        """Make the far side hold ``image`` and the embedding table ``table`` (int32 [V, H], the residual format:
+        row ``t`` is token ``t``'s packet payload); ``out_bytes`` as for :meth:`~Transport.stage`."""
+
+    def run_token(self, token_id: int, position: int, logits: bool, deadline: float | None,
+                  poll: Callable[[], None]) -> Delivery:
+        """Run one token by id at ``position``; return the output packet (``logits``) or the 12-byte argmax
+        summary (:func:`parse_argmax_summary`). Errors as :meth:`~Transport.run`; a refused token (no model, an
+        id beyond the table) is a DeviceError."""
+
+
 class AcceleratorDevice(ReplayLogDevice):
     """A core behind a :class:`Transport` as a :class:`~host.devices.base.Device` (see the module docstring).
 
@@ -163,6 +233,7 @@ class AcceleratorDevice(ReplayLogDevice):
         self._frac: int | None = None
         self._log: list[int] = []
         self._lost = False
+        self._by_id = False       # the transport runs tokens by id (TokenTransport)
         self._base = {c: 0 for c in Counter}
         self._counters.update({f"hw_{c.name.lower()}": 0 for c in Counter})
         self._counters.update({"replayed_tokens": 0, **{k: 0 for k in transport.extra_counters}})
@@ -182,6 +253,7 @@ class AcceleratorDevice(ReplayLogDevice):
             No mmfree core, another ISA version, a build the transport cannot drive.
         """
         self.transport.connect(info)
+        self._by_id = bool(getattr(self.transport, "runs_token_ids", False))
         ident = pr.read_id_block(self.transport.read)
         pr.check_id_block(ident, self.name)
         self.transport.check_ident(ident)
@@ -229,7 +301,12 @@ class AcceleratorDevice(ReplayLogDevice):
         ident = self.connect(image.info)
         ident.check_image(image.info, self.name)
         self.image = None
-        self.transport.stage(pr.channel_streams(image, ident.channels), pr.output_packet_bytes(image.info.vocab))
+        out_bytes = pr.output_packet_bytes(image.info.vocab)
+        if self._by_id:
+            table = embeddings if frac is None else nx.to_fixed(embeddings, frac)
+            self.transport.stage_model(image, np.ascontiguousarray(table, dtype=np.int32), out_bytes)
+        else:
+            self.transport.stage(pr.channel_streams(image, ident.channels), out_bytes)
         self.image, self._emb, self._frac = image, embeddings, frac
         self._reset()
 
@@ -255,10 +332,14 @@ class AcceleratorDevice(ReplayLogDevice):
         DeviceError
             A transport error.
         """
+        return self._transfer(lambda deadline: self.transport.run(packet, deadline, self._poll)).output
+
+    def _transfer(self, run: Callable[[float | None], Delivery]) -> Delivery:
+        """One token through the transport (``run(deadline)``): the error paths and the counters."""
         t0 = time.monotonic()
         deadline = None if self.timeout_s is None else t0 + self.timeout_s
         try:
-            got = self.transport.run(packet, deadline, self._poll)
+            got = run(deadline)
         except pr.CoreError:
             self.transport.recover(False)
             raise
@@ -270,20 +351,75 @@ class AcceleratorDevice(ReplayLogDevice):
                 raise
             raise pr.DeviceTimeout(f"device {self.name!r}: time-out after {self.timeout_s:g} s: {exc}; the core "
                                    f"was aborted and reset (the sequence is replayed before the next token)") from exc
-        if got.counters is None:
-            now = pr.read_counters(self.transport.read)
-            inc = {c: now[c] - self._base[c] for c in Counter}
-            self._base = now
-        else:
+        if got.counters is not None:
             inc = dict(got.counters)
+            self._add_counters(inc)
+        elif not self._by_id:
+            self._sync_counters()
+        for k, v in got.extra.items():
+            self._counters[k] += int(v)
+        return got
+
+    def _add_counters(self, inc: dict[Counter, int]) -> None:
         self.last_counters = inc
         for c, v in inc.items():
             self._counters[f"hw_{c.name.lower()}"] += int(v)
-        for k, v in got.extra.items():
-            self._counters[k] += int(v)
-        return got.output
+
+    def _sync_counters(self) -> None:
+        """Read the core's counters (one batch where the transport has ``read_many``) and add what they rose by
+        since the last read."""
+        offsets = [R.counter(c) + k for c in Counter for k in (0, 4)]
+        many = getattr(self.transport, "read_many", None)
+        values = dict(zip(offsets, many(offsets) if many is not None else map(self.transport.read, offsets),
+                          strict=True))
+        now = pr.read_counters(values.__getitem__)
+        inc = {c: now[c] - self._base[c] for c in Counter}
+        self._base = now
+        self._add_counters(inc)
+
+    def counters(self) -> dict[str, int]:
+        """The counters (:meth:`~host.devices.base.Device.counters`); over a token-id transport the core's are
+        read now (when the link fails, the ``hw_*`` values are those of the last read)."""
+        if self._by_id and self.image is not None and not self.closed:
+            try:
+                self._sync_counters()
+            except DeviceError:
+                pass
+        return super().counters()
+
+    def _run_by_id(self, token_id: int, position: int, logits: bool) -> pr.OutputPacket | ArgmaxSummary:
+        """One token over a token-id transport: its output packet (``logits``) or its argmax summary, checked
+        (parsed, flags, position). An output that fails the checks first asks the core for an error (an error in
+        the LM head cuts the packet: the core's CoreError); otherwise it is a DeviceError and, the core's state
+        being unknown, the next token replays the sequence."""
+        def bad(message: str) -> DeviceError:
+            self._poll()
+            self._lost = True
+            return DeviceError(f"device {self.name!r}: {message}")
+
+        result: list[pr.OutputPacket | ArgmaxSummary] = []
+
+        def run(deadline: float | None) -> Delivery:
+            got = self.transport.run_token(token_id, position, logits, deadline, self._poll)
+            try:
+                out = pr.parse_output_packet(got.output) if logits else parse_argmax_summary(got.output)
+            except ValueError as exc:
+                raise bad(f"bad {'output packet' if logits else 'argmax summary'} from the board: {exc}") from exc
+            if isinstance(out, ArgmaxSummary) and out.flags:
+                raise bad(f"the board's argmax tap flagged the output packet of position {position}: "
+                          f"{'|'.join(f.name for f in SummaryFlags if f in out.flags)}")
+            if out.position != position & 0xFFFFFFFF:
+                raise bad(f"{'output packet' if logits else 'argmax summary'} for position {out.position}, "
+                          f"expected {position}")
+            result.append(out)
+            return got
+
+        self._transfer(run)
+        return result[0]
 
     def _run(self, token_id: int, position: int) -> pr.OutputPacket:
+        if self._by_id:
+            return self._run_by_id(token_id, position, True)
         out = self.run_packet(self.token_packet(token_id, position))
         try:
             pkt = pr.parse_output_packet(out)
@@ -293,10 +429,27 @@ class AcceleratorDevice(ReplayLogDevice):
             raise DeviceError(f"device {self.name!r}: output packet for position {pkt.position}, expected {position}")
         return pkt
 
+    def _run_argmax(self, token_id: int, position: int) -> int:
+        """Over a token-id transport: the argmax summary alone (the core's argmax: the first index of the largest
+        accumulator); otherwise the greedy token of the logits."""
+        if not self._by_id:
+            return super()._run_argmax(token_id, position)
+        return self._run_by_id(token_id, position, False).argmax
+
+    def _prefill(self, token_ids: np.ndarray) -> np.ndarray:
+        """Over a token-id transport every prompt token but the last runs argmax-only (its logits are not read)."""
+        if not self._by_id:
+            return super()._prefill(token_ids)
+        for t in token_ids[:-1]:
+            self._step_argmax(int(t))
+        return self._step(int(token_ids[-1]))
+
     def _logits(self, pkt: pr.OutputPacket) -> np.ndarray:
         return pkt.logits()
 
     def _reset(self) -> None:
+        if self._by_id and self.image is not None:
+            self._sync_counters()     # what the core counted since the last read, before the reset zeroes it
         self.transport.reset()
         self._base = {c: 0 for c in Counter}
         self._log = []
@@ -324,6 +477,8 @@ class AcceleratorDevice(ReplayLogDevice):
             (channels * beat bytes), trits / lanes)``) and ``stream_efficiency`` (ideal / measured); None
             before any token.
         """
+        if self._by_id and self.image is not None and not self.closed:
+            self._sync_counters()
         n = self._counters["hw_tokens"]
         if not n or self.image is None:
             return None

@@ -1,0 +1,478 @@
+"""The ECP5 DRAM boards' host side (issue 22): load once, tokens by id, argmax-only greedy decoding, faults, and
+``mmfree board``, against :class:`board_fakes.FakeEcp5Board` with ``link_version=2``.
+
+The fake speaks hw/boards/link_protocol.py byte for byte. Its ``'T'`` reads the embedding row and the image from
+its own DRAM at the addresses in its board registers, which only the host's load put there, builds the token
+packet (host.protocol.make_token_packet) and runs it on the golden machine: a wrong layout, a missing block or
+a wrong register gives wrong logits or an error, not a pass. Greedy decoding compares with the golden device
+on the shipped model, compiled for the ECP5 builds' one 64-bit channel. What is not here: the board's
+gateware (hw/boards/dram_board.py, its own tests), a real serial port and FTDI chip, link timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from board_fakes import FakeEcp5Board, argmax_summary, ecp5_id_values
+
+from host.bundle import read_bundle
+from host.cli import main as mmfree
+from host.devices import DeviceError, ecp5
+from host.devices.driver import SummaryFlags
+from host.devices.ecp5 import (
+    DRAM_BLOCK_BYTES,
+    TABLE_ALIGN,
+    TOKEN_WIRE_BYTES,
+    Ecp5Device,
+    LinkError,
+    UartLink,
+    bundle_checksum,
+    dram_contents,
+    set_ftdi_latency,
+)
+from host.devices.golden import GoldenDevice
+from host.generate import generate_text
+from host.image import const_section_bytes, parse_image
+from host.protocol import CoreError, DeviceTimeout, make_output_packet, parse_output_packet
+from hw import isa
+from hw.boards import link_protocol as lp
+from hw.boards.link_protocol import BoardReg, BoardStatus, TokenStatus
+from hw.isa import ErrorCause, Opcode
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "hgrn-bit-pydoc"
+TOKEN_IDS = [1, 42, 7, 300, 4095]
+PROMPT = "def parse("
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = mmfree(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def bundle_path(tmp_path_factory) -> Path:
+    """The shipped model compiled for the ECP5 builds: one 64-bit weight channel, base-3 packing."""
+    path = tmp_path_factory.mktemp("ecp5_dram") / "m.mmf"
+    rc, _, err = _cli(["compile", "--model", str(MODEL), "--out", str(path), "--channels", "1"])
+    assert rc == 0, err
+    return path
+
+
+@pytest.fixture(scope="module")
+def bundle(bundle_path):
+    return read_bundle(bundle_path)
+
+
+@pytest.fixture(scope="module")
+def golden(bundle):
+    """What the golden device makes of the bundle: logits of TOKEN_IDS, a greedy and a sampled generation."""
+    g = GoldenDevice()
+    g.load(bundle)
+    logits = np.stack([g.step(t) for t in TOKEN_IDS])
+    greedy = generate_text(g, bundle.tokenizer, PROMPT, max_new_tokens=12, temperature=0, repetition_penalty=1)
+    sampled = generate_text(g, bundle.tokenizer, PROMPT, max_new_tokens=8, temperature=0.8, top_k=50, top_p=0.95,
+                            repetition_penalty=1.1, seed=3)
+    return {"logits": logits, "greedy": greedy, "sampled": sampled}
+
+
+def _device(board, **kw) -> Ecp5Device:
+    return Ecp5Device(serial=board, timeout=kw.pop("timeout", 2.0), progress=False, **kw)
+
+
+def _blocks(layout):
+    return [(a, min(DRAM_BLOCK_BYTES, layout.total_bytes - a)) for a in range(0, layout.total_bytes, DRAM_BLOCK_BYTES)]
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def test_summary_flags_and_words_are_the_taps():
+    """The host's copy of the argmax tap's flags (hw.argmax_tap needs Amaranth, a board host has none)."""
+    from hw import argmax_tap
+
+    assert [(f.name, f.value) for f in SummaryFlags] == [(f.name, f.value) for f in argmax_tap.TapFlags]
+    assert lp.ARGMAX_SUMMARY_WORDS == argmax_tap.SUMMARY_WORDS
+    assert TOKEN_WIRE_BYTES == 30
+
+
+def test_fake_summary_flags_a_bad_packet():
+    """The fake's model of the tap: a good packet has no flags, a corrupted one CRC, a short one LENGTH."""
+    good = make_output_packet(np.arange(40), position=7, argmax=39, max_acc=39, scale_mant=1, scale_shift=0)
+    assert argmax_summary(good) == (7, 39, 0)
+    bad = bytearray(good)
+    bad[0] ^= 1
+    assert argmax_summary(bytes(bad))[2] == SummaryFlags.CRC
+    assert argmax_summary(good[64:])[2] & SummaryFlags.LENGTH
+
+
+def test_layout_and_identifier(bundle):
+    layout, data = dram_contents(bundle.image, bundle.embeddings)
+    assert layout.image_base == 0 and data[:len(bundle.image)] == bundle.image
+    assert layout.embed_base % TABLE_ALIGN == 0 and 0 <= layout.embed_base - len(bundle.image) < TABLE_ALIGN
+    assert not any(data[len(bundle.image):layout.embed_base])
+    h = layout.hidden
+    assert (layout.vocab, h) == bundle.embeddings.shape
+    for t in (0, 1, 4095):     # row t at EMBED_BASE + 4 t H, little-endian int32
+        row = data[layout.embed_base + 4 * t * h:layout.embed_base + 4 * (t + 1) * h]
+        assert np.array_equal(np.frombuffer(row, "<i4"), bundle.embeddings[t])
+    assert layout.total_bytes == len(data) and layout.total_bytes % 8 == 0
+    assert layout.checksum == zlib.crc32(data) == bundle_checksum(bundle.image, bundle.embeddings)
+    # the order the host writes the registers in: link_protocol.py's
+    assert list(layout.registers()) == [BoardReg.IMAGE_BASE, BoardReg.IMAGE_BYTES, BoardReg.EMBED_BASE,
+                                        BoardReg.EMBED_HIDDEN, BoardReg.EMBED_VOCAB, BoardReg.IMAGE_CHECKSUM]
+    other = bundle.embeddings.copy()
+    other[5, 5] += 1
+    assert bundle_checksum(bundle.image, other) != layout.checksum
+
+
+def test_ftdi_latency_timer(tmp_path, monkeypatch, caplog):
+    tty = tmp_path / "ttyUSB3"
+    tty.mkdir()
+    attr = tty / "latency_timer"
+    attr.write_text("16\n")
+    assert set_ftdi_latency("/dev/ttyUSB3", sysfs=tmp_path) is True
+    assert attr.read_text().strip() == "1"
+    assert set_ftdi_latency("/dev/ttyACM0", sysfs=tmp_path) is None       # not an FTDI port: nothing done
+    attr.write_text("16\n")
+
+    def refuse(self, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    ecp5._LATENCY_WARNED.discard("ttyUSB3")
+    with caplog.at_level(logging.WARNING, logger="host.devices.ecp5"):
+        assert set_ftdi_latency("/dev/ttyUSB3", sysfs=tmp_path) is False
+        assert set_ftdi_latency("/dev/ttyUSB3", sysfs=tmp_path) is False
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and f"echo 1 | sudo tee {attr}" in warned[0]       # once, with the command
+
+
+def test_open_port_sets_the_latency_timer(tmp_path, monkeypatch):
+    serial = pytest.importorskip("serial")
+    (tmp_path / "ttyUSB0").mkdir()
+    (tmp_path / "ttyUSB0" / "latency_timer").write_text("16\n")
+    opened = []
+    monkeypatch.setattr(serial, "Serial", lambda *a, **k: opened.append((a, k)) or object())
+    monkeypatch.setattr(ecp5, "SYSFS_USB_SERIAL", tmp_path)
+    ecp5.open_port("/dev/ttyUSB0", 2_000_000, 0.5)
+    assert opened == [(("/dev/ttyUSB0", 2_000_000), {"timeout": 0.5})]
+    assert (tmp_path / "ttyUSB0" / "latency_timer").read_text().strip() == "1"
+
+
+# ------------------------------------------------------------------------------------------------ load once
+def test_shipped_model_loads_once_and_matches_the_golden_device(bundle, golden):
+    board = FakeEcp5Board(link_version=2)
+    layout, data = dram_contents(bundle.image, bundle.embeddings)
+    with _device(board) as dev:
+        dev.load(bundle)
+        assert dev.mode == "dram" and dev.transport.runs_token_ids
+        r = dev.last_load
+        assert not r.skipped and r.blocks_written == r.blocks_total == len(_blocks(layout))
+        assert bytes(board.dram[:layout.total_bytes]) == data
+        # IMAGE_VALID cleared first, the layout registers in link_protocol's order, IMAGE_VALID last
+        assert board.board_writes == [(BoardReg.STATUS, 0), *layout.registers().items(),
+                                      (BoardReg.STATUS, int(BoardStatus.IMAGE_VALID))]
+        assert 0 < board.max_unacked <= lp.RX_FIFO_BYTES            # the 'L' window keeps the FIFO from overflowing
+        assert dev.counters()["dram_bytes_written"] == layout.total_bytes
+
+        logits = np.stack([dev.step(t) for t in TOKEN_IDS])          # 'T' with LOGITS: the whole output packet
+        assert np.array_equal(logits, golden["logits"])
+
+        before = dict(board.ops)
+        g = generate_text(dev, bundle.tokenizer, PROMPT, max_new_tokens=12, temperature=0, repetition_penalty=1)
+        want = golden["greedy"]
+        assert g.token_ids == want.token_ids and g.text == want.text and g.stop_reason == want.stop_reason
+        n = len(g.prompt_ids) + g.decode_steps
+        assert board.ops["T"] - before.get("T", 0) == n and board.ops["S"] == 0 and board.ops["L"] == before["L"]
+        assert g.counters["link_bytes"] == n * TOKEN_WIRE_BYTES           # 30 bytes per greedy token, prompt included
+        assert dev.seconds_per_token() == pytest.approx(TOKEN_WIRE_BYTES * 10 / dev.baud)
+
+        s = generate_text(dev, bundle.tokenizer, PROMPT, max_new_tokens=8, temperature=0.8, top_k=50, top_p=0.95,
+                          repetition_penalty=1.1, seed=3)
+        assert s.token_ids == golden["sampled"].token_ids and s.text == golden["sampled"].text
+        # the core's counters, read when asked (not per token): every token the board ran
+        assert dev.counters()["hw_tokens"] == board.tokens_run == len(TOKEN_IDS) + n + len(s.prompt_ids) \
+            + s.decode_steps
+
+
+def test_step_argmax_is_the_greedy_token(bundle, golden):
+    board = FakeEcp5Board(link_version=2)
+    with _device(board) as dev:
+        dev.load(bundle)
+        got = [dev.step_argmax(t) for t in TOKEN_IDS]
+        assert got == [int(np.argmax(row)) for row in golden["logits"]]
+        assert dev.position == len(TOKEN_IDS) and dev.counters()["step_calls"] == len(TOKEN_IDS)
+        dev.reset()
+        assert dev.prefill_argmax(TOKEN_IDS) == got[-1]
+        dev.reset()
+        assert np.array_equal(dev.prefill(TOKEN_IDS), golden["logits"][-1])   # argmax-only but the last
+
+
+def test_second_connect_skips_the_load(bundle, golden, caplog):
+    board = FakeEcp5Board(link_version=2)
+    with _device(board) as dev:
+        dev.load(bundle)
+    writes = board.ops["L"]
+    with caplog.at_level(logging.INFO, logger="host.devices.ecp5"), _device(board) as dev:
+        dev.load(bundle)
+        r = dev.last_load
+        assert r.skipped and r.bytes_written == 0 and board.ops["L"] == writes
+        assert dev.counters()["dram_loads_skipped"] == 1 and dev.counters()["dram_loads"] == 0
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+    assert any("load skipped" in rec.getMessage() for rec in caplog.records)
+    with _device(board, reload=True) as dev:                      # --force: every block again
+        dev.load(bundle)
+        assert not dev.last_load.skipped and dev.last_load.blocks_written == dev.last_load.blocks_total
+
+
+def test_a_load_cut_by_a_dropped_link_restarts_where_it_stopped(bundle, golden):
+    board = FakeEcp5Board(link_version=2)
+    layout, data = dram_contents(bundle.image, bundle.embeddings)
+    board.drop_after = layout.total_bytes // 2
+    dev = _device(board)
+    with pytest.raises(LinkError, match="serial port failed"):
+        dev.load(bundle)
+    dev.close()
+    assert not board.regs[BoardReg.STATUS] & BoardStatus.IMAGE_VALID
+    board.reconnect()
+    missing = [(a, n) for a, n in _blocks(layout) if board.dram[a:a + n] != data[a:a + n]]
+    assert 0 < len(missing) < len(_blocks(layout))
+    with _device(board) as dev:
+        dev.load(bundle)
+        r = dev.last_load
+        assert (r.blocks_written, r.bytes_written) == (len(missing), sum(n for _, n in missing))
+        assert bytes(board.dram[:layout.total_bytes]) == data
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+
+
+def _weight_byte(image: bytes) -> int:
+    """The address of a byte inside the first GEMV's weight block (one channel: header, constants, block)."""
+    ins = next(i for i in parse_image(image).instructions if i.opcode is Opcode.GEMV)
+    return ins.offset + isa.layout_bytes(isa.InstrHeader) + const_section_bytes(ins) + 10
+
+
+def test_corrupted_dram_is_a_core_error_and_a_reload_repairs_it(bundle, golden):
+    board = FakeEcp5Board(link_version=2)
+    with _device(board) as dev:
+        dev.load(bundle)
+        at = _weight_byte(bundle.image)
+        board.dram[at] = (board.dram[at] + 1) % 243          # still a valid base-3 code: only the block CRC sees it
+        with pytest.raises(CoreError, match="WEIGHT_CRC") as info:
+            dev.step(TOKEN_IDS[0])
+        assert info.value.cause is ErrorCause.WEIGHT_CRC
+        with pytest.raises(CoreError, match="WEIGHT_CRC"):   # the image is still bad; no hang, the same error
+            dev.step_argmax(TOKEN_IDS[0])
+        dev.load(bundle)                     # the registers still name it, the DRAM CRC does not: one block rewritten
+        assert not dev.last_load.skipped and dev.last_load.blocks_written == 1
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+        assert np.array_equal(dev.step(TOKEN_IDS[1]), golden["logits"][1])
+
+
+def test_a_token_before_any_image_is_a_clear_error(bundle, golden, monkeypatch):
+    board = FakeEcp5Board(link_version=2)
+    link = UartLink(board, timeout=1.0)
+    assert link.token(1, 0, logits=False) == TokenStatus.NO_IMAGE and not link.output
+    with _device(board) as dev:
+        dev.load(bundle)
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+        report = dev.transport.memtest(2 * DRAM_BLOCK_BYTES + 8, progress=False)   # clears IMAGE_VALID
+        assert report.blocks == 3 and not report.bad_blocks
+        with pytest.raises(DeviceError, match="no verified image"):
+            dev.step(TOKEN_IDS[1])
+        dev.load(bundle)                                    # only what memtest overwrote is written again
+        assert dev.last_load.blocks_written == 3
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+        board.regs[BoardReg.EMBED_VOCAB] = 10                # the board's table ends before the id
+        with pytest.raises(DeviceError, match="refused token id 42"):
+            dev.step(42)
+
+
+def test_read_timeout_resets_and_replays(bundle, golden, monkeypatch):
+    board = FakeEcp5Board(link_version=2)
+    monkeypatch.setattr(ecp5.time, "sleep", lambda s: None)       # the resync's quiet time
+    with _device(board) as dev:
+        dev.load(bundle)
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+        board.force_token_status = int(TokenStatus.READ_TIMEOUT)
+        with pytest.raises(DeviceTimeout, match="READ_TIMEOUT"):
+            dev.step(TOKEN_IDS[1])
+        board.force_token_status = 0
+        assert np.array_equal(dev.step(TOKEN_IDS[1]), golden["logits"][1])   # token 0 replayed first
+        assert dev.counters()["replayed_tokens"] == 1
+
+
+def test_a_flagged_summary_is_an_error_and_the_next_token_replays(bundle, golden):
+    board = FakeEcp5Board(link_version=2)
+    greedy = [int(np.argmax(row)) for row in golden["logits"]]
+    with _device(board) as dev:
+        dev.load(bundle)
+        assert dev.step_argmax(TOKEN_IDS[0]) == greedy[0]
+        board.force_tap_flags = int(SummaryFlags.CRC | SummaryFlags.LENGTH)
+        with pytest.raises(DeviceError, match="CRC|LENGTH") as info:
+            dev.step_argmax(TOKEN_IDS[1])
+        assert not isinstance(info.value, CoreError)
+        board.force_tap_flags = 0
+        assert dev.step_argmax(TOKEN_IDS[1]) == greedy[1]
+        assert dev.counters()["replayed_tokens"] == 1
+
+
+def test_boards_that_cannot_take_the_bundle(bundle):
+    with pytest.raises(DeviceError, match="bytes of DRAM"):
+        _device(FakeEcp5Board(link_version=2, dram_bytes=4 << 20)).load(bundle)
+    failed = FakeEcp5Board(link_version=2)
+    failed.regs[BoardReg.STATUS] = int(BoardStatus.DRAM_INIT_ERROR)
+    with pytest.raises(DeviceError, match="failed to initialise"):
+        _device(failed).load(bundle)
+    newer = FakeEcp5Board(link_version=2)
+    newer.regs[BoardReg.LINK_VERSION] = 3
+    with pytest.raises(DeviceError, match="link protocol version 3"):
+        _device(newer).load(bundle)
+    with pytest.raises(DeviceError, match="stream-only"):
+        dev = _device(FakeEcp5Board(link_version=1))
+        dev.connect()
+        dev.transport.load_model(bundle.image, bundle.embeddings)
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+@pytest.fixture
+def on_port(monkeypatch):
+    """``mmfree`` opening a given fake board by name."""
+    def use(board):
+        monkeypatch.setattr(ecp5, "open_port", lambda name, baud, timeout: board)
+        return board
+    monkeypatch.delenv("MMFREE_ECP5_BAUD", raising=False)
+    return use
+
+
+def test_cli_board_info_status_load_memtest(bundle_path, bundle, on_port):
+    board = on_port(FakeEcp5Board(link_version=2))
+    rc, out, err = _cli(["board", "info", "--port", "/dev/ttyUSB7"])
+    assert rc == 0, err
+    assert "/dev/ttyUSB7 at 2,000,000 baud" in out and "version 2 (DRAM board" in out and "(MMDB)" in out
+    assert "33,554,432 bytes (32 MiB)" in out and "50.000 MHz" in out and "DRAM_READY" in out
+    assert f"ISA version {isa.ISA_VERSION}" in out and "1 channel(s) of 64 bits" in out
+
+    rc, out, err = _cli(["board", "status", "--image", str(bundle_path)])
+    assert rc == 1 and "none valid" in out and "not held by the board" in out      # nothing loaded yet
+
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    layout, _ = dram_contents(bundle.image, bundle.embeddings)
+    assert rc == 0, err
+    n = len(_blocks(layout))
+    assert f"{n} of {n} blocks" in out and "IMAGE_VALID set" in out
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    assert rc == 0 and out.startswith("skipped: the board already holds") and f"0x{layout.checksum:08x}" in out
+    rc, out, err = _cli(["board", "status", "--image", str(bundle_path)])
+    assert rc == 0 and "valid (IMAGE_VALID)" in out and "held by the board" in out
+    assert f"0x{layout.checksum:08x}" in out and f"{layout.vocab} x {layout.hidden} int32" in out
+    assert "tokens since configuration" in out
+
+    rc, out, err = _cli(["board", "memtest", "--bytes", str(3 * DRAM_BLOCK_BYTES)])
+    assert rc == 0, err
+    assert "memtest PASS" in out and "3 blocks" in out and "IMAGE_VALID cleared" in err
+    rc, out, err = _cli(["board", "status", "--image", str(bundle_path)])
+    assert rc == 1 and "none valid" in out
+    board.corrupt_writes_at = DRAM_BLOCK_BYTES + 5                   # a bad cell in the second block
+    rc, out, err = _cli(["board", "memtest", "--bytes", str(3 * DRAM_BLOCK_BYTES)])
+    assert rc == 1 and "memtest FAIL: 1 block(s) differ, at 0x00010000" in out
+    rc, _, err = _cli(["board", "memtest", "--bytes", "12"])
+    assert rc == 2 and "multiple of 8" in err
+
+
+def test_cli_generate_on_the_dram_board_is_the_golden_devices(bundle_path, on_port):
+    on_port(FakeEcp5Board(link_version=2))
+    args = ["generate", "--image", str(bundle_path), "--prompt", PROMPT, "--max-new-tokens", "8", "--temperature",
+            "0", "--repetition-penalty", "1"]
+    rc, want, err = _cli([*args, "--device", "golden"])
+    assert rc == 0, err
+    rc, got, err = _cli([*args, "--device", "ecp5"])
+    assert rc == 0, err
+    assert got == want and "device ecp5" in err
+
+
+def test_cli_board_errors(bundle_path, on_port):
+    on_port(FakeEcp5Board(link_version=1))
+    rc, out, err = _cli(["board", "info"])
+    assert rc == 0 and "version 1 (stream-only" in out
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    assert rc == 2 and "stream-only link (version 1)" in err
+
+    class Silent:
+        timeout = None
+
+        def read(self, n):
+            return b""
+
+        def write(self, b):
+            return len(b)
+
+        def reset_input_buffer(self):
+            pass
+
+        def close(self):
+            pass
+
+    on_port(Silent())
+    ecp5_sleep = ecp5.time.sleep
+    try:
+        ecp5.time.sleep = lambda s: None
+        rc, out, err = _cli(["board", "info", "--timeout", "0.05"])
+    finally:
+        ecp5.time.sleep = ecp5_sleep
+    assert rc == 2 and "is the board connected" in err
+
+
+# ------------------------------------------------------------------------------------------------ no Amaranth
+CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import runtime_only
+runtime_only.install_blocker()
+fakes = runtime_only._load_board_fakes()
+spec = json.loads(sys.argv[2])
+from host.devices import ecp5
+board = fakes.FakeEcp5Board({int(k): v for k, v in spec["ids"].items()}, link_version=2)
+ecp5.open_port = lambda name, baud, timeout: board
+runs = {" ".join(a[:2]): runtime_only._cli(a) for a in (["board", "info"], ["board", "load", "--image", spec["bundle"]],
+                                                        ["board", "status", "--image", spec["bundle"]])}
+print(json.dumps({"runs": runs, "blocked_loaded": runtime_only.blocked_modules_loaded(),
+                  "valid": bool(board.regs[fakes.BoardReg.STATUS] & fakes.BoardStatus.IMAGE_VALID)}))
+"""
+
+
+def test_the_board_host_path_runs_without_amaranth(bundle_path):
+    """``mmfree board info/load/status`` with Amaranth, numba, torch and the compiler blocked (tests/runtime_only.py):
+    the DRAM board's host side needs none of them. (Tokens need the fake's golden machine, which needs numba.)"""
+    spec = {"ids": ecp5_id_values(), "bundle": str(bundle_path)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "tests"), json.dumps(spec)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["blocked_loaded"] == []
+    for name, run in res["runs"].items():
+        assert run["rc"] == 0, (name, run["stderr"])
+    assert "version 2 (DRAM board" in res["runs"]["board info"]["stdout"]
+    assert "held by the board" in res["runs"]["board status"]["stdout"] and res["valid"]
+
+
+def test_output_packet_of_a_logits_token_is_checked(bundle, golden):
+    """A 'T' with LOGITS returns the core's own output packet (position checked, logits decoded)."""
+    board = FakeEcp5Board(link_version=2)
+    with _device(board) as dev:
+        dev.load(bundle)
+        got = dev.transport.run_token(TOKEN_IDS[0], 0, True, None, lambda: None)
+        pkt = parse_output_packet(got.output)
+        assert pkt.position == 0 and np.array_equal(pkt.logits(), golden["logits"][0])
+        assert got.extra["link_bytes"] > 6 * len(got.output) // 4
