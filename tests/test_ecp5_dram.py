@@ -399,6 +399,8 @@ def test_cli_generate_on_the_dram_board_is_the_golden_devices(bundle_path, on_po
     rc, got, err = _cli([*args, "--device", "ecp5"])
     assert rc == 0, err
     assert got == want and "device ecp5" in err
+    rc, out, err = _cli(["selftest", "--image", str(bundle_path), "--device", "ecp5", "--token-ids", "1,42,42"])
+    assert rc == 0 and "selftest PASS: device ecp5 against golden, 3 tokens" in out, out + err
 
 
 def test_cli_board_errors(bundle_path, on_port):
