@@ -450,10 +450,40 @@ def _sim_phy_with_csrs(model, hw_phy):
     return SimPHYWithCSRs()
 
 
+def _whole_ps_timing_checker(model, module, clk_freq: float):
+    """LiteDRAM's ``DFITimingsChecker`` for ``model`` as ``SDRAMPHYModel`` builds it (the module's timings at
+    ``clk_freq``), except that a timing given in DRAM clocks is that many times the checker's own tCK.
+
+    The checker keeps time in whole picoseconds: ``cnt * tCK_ps`` with tCK truncated to whole ps, while its
+    library version converts a timing of ``c`` clocks by truncating ``c * tCK`` after the multiplication. When
+    tCK is not a whole number of ps (75 MHz at rate 1:2: 6666.67 ps) the two disagree, and commands exactly
+    ``c`` clocks apart are reported as violations by 2 ps (every back-to-back burst at tCCD = 4 tCK: the
+    checker's 26664 ps against its 26666). Here ``c`` clocks are ``c * tCK_ps`` on the checker's own
+    timeline; timings in ns are as in the library (against a clock 0.01 % shorter than real, a slightly
+    stricter check). With a whole-ps tCK (the ULX3S's 20 ns) the result equals the library's.
+    """
+    from litedram.modules import _speedgrade_timings, _technology_timings
+    from litedram.phy.model import DFITimingsChecker
+
+    class WholePsChecker(DFITimingsChecker):
+        def ck_ns_to_ps(self, val, tck):
+            c, t = val
+            return max(0 if c is None else c * self.ns_to_ps(tck), 0 if t is None else self.ns_to_ps(t))
+
+    nphases = model.settings.nphases
+    timings = {"tCK": (1e9 / clk_freq) / nphases}
+    for name in _speedgrade_timings + _technology_timings:   # as SDRAMPHYModel collects them
+        key = module.timing_settings.fine_refresh_mode if name in ("tREFI", "tRFC") else None
+        timings[name] = module.get(name, key)
+    return WholePsChecker(dfi=model.dfi, nbanks=2 ** module.geom_settings.bankbits, nphases=nphases,
+                          timings=timings, refresh_mode=module.timing_settings.fine_refresh_mode,
+                          memtype=model.settings.memtype, verbose=False)
+
+
 def _sim_soc(cfg: Mapping):
     """The simulation core: ``litedram.gen.LiteDRAMCore``'s structure with ``SDRAMPHYModel`` for the PHY."""
     from litedram import gen
-    from litedram.phy.model import SDRAM_VERBOSE_STD, SDRAMPHYModel
+    from litedram.phy.model import SDRAM_VERBOSE_OFF, SDRAM_VERBOSE_STD, SDRAMPHYModel
     from litex.build.generic_platform import Pins, Subsignal
     from litex.build.sim import SimPlatform
     from litex.soc.integration.soc_core import SoCCore
@@ -492,8 +522,12 @@ def _sim_soc(cfg: Mapping):
                 self.crg = gen.LiteDRAMGENSDRPHYCRG(platform, c)  # clk, rst -> AsyncResetSynchronizer
             else:
                 self.crg = SimCRG()
+            tck_ps = 1e12 / c["sys_clk_freq"] / hw_phy.settings.nphases
+            whole_ps = abs(tck_ps - round(tck_ps)) < 1e-6
             model = SDRAMPHYModel(module=_module(cfg), settings=hw_phy.settings, clk_freq=c["sys_clk_freq"],
-                                  verbosity=SDRAM_VERBOSE_STD)
+                                  verbosity=SDRAM_VERBOSE_STD if whole_ps else SDRAM_VERBOSE_OFF)
+            if not whole_ps:   # 75 MHz: tCK 6666.67 ps (_whole_ps_timing_checker)
+                model.submodules.timing_checker = _whole_ps_timing_checker(model, model.module, c["sys_clk_freq"])
             has_csrs = hasattr(type(hw_phy), "get_csrs") and hw_phy.get_csrs()  # GENSDRPHY: no AutoCSR
             self.ddrphy = _sim_phy_with_csrs(model, hw_phy) if has_csrs else model
             self.add_sdram("sdram", phy=self.ddrphy, module=_module(cfg), size=0x01000000,

