@@ -372,7 +372,8 @@ class DRAMBoard(wiring.Component):
         """``'T'``: check, build the token packet, stream it and the image into channel 0, report.
 
         Refusals come first and send nothing to the core: ``NO_IMAGE`` (``IMAGE_VALID`` clear, or an image of
-        fewer than 8 bytes), ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
+        fewer than 8 bytes or reaching beyond ``DRAM_BYTES``, which the reader could not stream whole),
+        ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
         builder's ``BAD_TOKEN``/``BAD_HIDDEN`` (``EMBED_HIDDEN`` above ``max_hidden`` reaches the builder as
         0). A read that times out mid-token ends it with ``READ_TIMEOUT`` (the core waits for the rest of
         its stream until ``'X'``). ``CORE_ERROR``: the core's ``irq`` is high once the image's last beat has
@@ -413,7 +414,9 @@ class DRAMBoard(wiring.Component):
                                  logits.eq((p.flags & TokenFlags.LOGITS) != 0), u.tokens.eq(u.tokens + 1)]
                     m.next = "CHECK"
             with m.State("CHECK"):
-                with m.If(~regs.image_valid | (regs.image_bytes[3:] == 0)):
+                no_image = (~regs.image_valid | (regs.image_bytes[3:] == 0)
+                            | ((regs.image_base + regs.image_bytes) > self.dram_bytes))
+                with m.If(no_image):
                     m.d.sync += status.eq(TokenStatus.NO_IMAGE)
                     m.next = "REPLY"
                 with m.Elif(reader.error):

@@ -328,6 +328,12 @@ def test_token_packet_and_image_reach_channel_zero():
 
     async def script(ctx, b):
         assert await b.token(ctx, 1, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE
+        await b.put(ctx, lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)
+        for base, n in ((0, 0), (0, 7), (8, DRAM_BYTES), (0, 1 << 31)):     # empty, or beyond the DRAM
+            await b.put(ctx, lp.BoardReg.IMAGE_BASE, base)
+            await b.put(ctx, lp.BoardReg.IMAGE_BYTES, n)
+            assert await b.token(ctx, 1, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE, (base, n)
+        assert bench.model.reads == 0
         for reg, v in ((lp.BoardReg.IMAGE_BASE, IMAGE_BASE), (lp.BoardReg.IMAGE_BYTES, len(image)),
                        (lp.BoardReg.EMBED_BASE, EMBED_BASE), (lp.BoardReg.EMBED_HIDDEN, hidden),
                        (lp.BoardReg.EMBED_VOCAB, vocab), (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)):
@@ -344,7 +350,7 @@ def test_token_packet_and_image_reach_channel_zero():
             packet, img = await b.output(ctx, 2)
             assert packet == make_token_packet(table[token], position=pos, logits=True)
             assert img == image
-        assert await b.get(ctx, lp.BoardReg.TOKENS) == 6
+        assert await b.get(ctx, lp.BoardReg.TOKENS) == 10
         # 'S' beats reach the core as before, passed through whole
         data = bytes(range(40, 64))
         await b.send(ctx, struct.pack("<BHB", lp.OP_STREAM, 2, 1) + data)
