@@ -498,3 +498,25 @@ def test_read_timeout_then_reset():
         assert (await b.crc(ctx, IMAGE_BASE, len(image))) == (zlib.crc32(image), 0)
 
     bench.run(script)
+
+
+def test_write_timeout_then_reset():
+    """A controller that never takes a write command: 'L' ends with TIMEOUT after dram_timeout cycles (its
+    beats still taken, the next command parsed), the stuck writer refuses the next 'L' at once, and 'X'
+    frees it."""
+    mem = blank_mem()
+    bench = Bench(small_board(), mem)
+    data = bytes(range(100, 132))
+
+    async def script(ctx, b):
+        b.model.cmd_stall = 1.0
+        assert await b.load(ctx, 0x100, data) == lp.DramStatus.TIMEOUT
+        assert await b.load(ctx, 0x100, data) == lp.DramStatus.TIMEOUT
+        assert await b.get(ctx, lp.BoardReg.MAGIC) == lp.BOARD_MAGIC
+        b.model.cmd_stall = 0.0
+        assert await b.command(ctx, bytes([lp.OP_RESET]), lp.REP_RESET) == b""
+        assert await b.load(ctx, 0x100, data) == 0
+        assert mem_bytes(mem, 0x100, len(data)) == data
+        assert await b.crc(ctx, 0x100, len(data)) == (zlib.crc32(data), 0)
+
+    bench.run(script)
