@@ -141,6 +141,29 @@ def test_committed_bitstream_report(board):
     assert bit.stat().st_size == rep["bitstream_bytes"] > 100_000
     assert rep["lanes"] == rep["params"]["lanes"] and rep["channels"] == 1 and rep["bus_bits"] == 64
     assert rep["utilisation"]["TRELLIS_COMB"]["used"] <= rep["utilisation"]["TRELLIS_COMB"]["available"]
+    if rep.get("top") == "dram":
+        _check_dram_report(rep)
+
+
+def _check_dram_report(rep):
+    """A committed DRAM build: this tree's ISA and link versions, every clock met, the SDRAM clock's PLL output,
+    and the LiteDRAM config it was built from (unchanged since: a changed config needs a new bitstream)."""
+    import hashlib
+
+    from hw.boards.link_protocol import LINK_VERSION
+    from hw.isa import ISA_VERSION
+
+    assert (rep["isa_version"], rep["link_version"]) == (ISA_VERSION, LINK_VERSION)
+    clocks = rep["clocks"].values()
+    assert all(c["timing_met"] and c["achieved_mhz"] >= c["target_mhz"] for c in clocks)
+    assert sorted(c["role"] for c in clocks) == ["core", "sdram"]
+    clkos = rep["pll"]["clkos"]
+    assert clkos["f_out"] == rep["pll"]["f_out"] == rep["target_mhz"] * 1e6
+    assert clkos == {**ecp5.pll_phase_output(rep["pll"], clkos["f_out"], clkos["phase_deg"]), "drives": clkos["drives"]}
+    lite = rep["litedram"]
+    assert hashlib.sha256((ROOT / lite["config"]).read_bytes()).hexdigest() == lite["config_sha256"]
+    assert lite["dram_bytes"] == 32 << 20 and set(lite["versions"]) == {"litedram", "litex", "migen"}
+    assert rep["utilisation"]["IOLOGIC"]["used"] == 39          # every SDRAM pin registered in its IO cell
 
 
 def test_publish_copies_only_closed_timing(tmp_path):
