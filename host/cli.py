@@ -524,9 +524,10 @@ def _board_load(dev: Any, args: argparse.Namespace) -> int:
         print(f"skipped: the board already holds {args.image}: {what}; CRC verified in {r.seconds:.2f} s "
               f"(--force rewrites it)")
     else:
+        rest = ", the others already matched" if r.blocks_written < r.blocks_total else ""
         print(f"loaded {args.image}: {what}; {r.blocks_written} of {r.blocks_total} blocks of 64 KiB written "
-              f"({r.bytes_written:,} bytes, the others already matched) in {r.seconds:.1f} s, "
-              f"{r.write_rate / 1e6:.3f} MB/s; DRAM CRC verified, IMAGE_VALID set")
+              f"({r.bytes_written:,} bytes{rest}) in {r.seconds:.1f} s, {r.write_rate / 1e6:.3f} MB/s; DRAM CRC "
+              f"verified, IMAGE_VALID set")
     return 0
 
 

@@ -478,3 +478,31 @@ def test_output_packet_of_a_logits_token_is_checked(bundle, golden):
         pkt = parse_output_packet(got.output)
         assert pkt.position == 0 and np.array_equal(pkt.logits(), golden["logits"][0])
         assert got.extra["link_bytes"] > 6 * len(got.output) // 4
+
+
+def test_greedy_is_chosen_only_when_the_logits_are_not_needed(bundle, golden):
+    """top-k 1 without a penalty is greedy (argmax-only on the link); temperature 0 with a penalty needs logits."""
+    board = FakeEcp5Board(link_version=2)
+    with _device(board) as dev:
+        dev.load(bundle)
+        g = generate_text(dev, bundle.tokenizer, PROMPT, max_new_tokens=12, temperature=0.8, top_k=1,
+                          repetition_penalty=1, seed=5)
+        assert g.token_ids == golden["greedy"].token_ids
+        assert g.counters["link_bytes"] == (len(g.prompt_ids) + g.decode_steps) * TOKEN_WIRE_BYTES
+        p = generate_text(dev, bundle.tokenizer, PROMPT, max_new_tokens=3, temperature=0, repetition_penalty=1.1)
+        assert p.counters["link_bytes"] > 20_000 * p.decode_steps      # the output packets: 4096 logits each
+
+
+def test_link_rejects_what_the_protocol_cannot_carry():
+    board = FakeEcp5Board(link_version=2, dram_bytes=1 << 16)
+    link = UartLink(board, timeout=1.0)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        link.dram_write(4, bytes(8))
+    with pytest.raises(ValueError, match="multiples of 8"):
+        link.dram_crc(0, 12)
+    with pytest.raises(DeviceError, match="BAD_ALIGN"):               # beyond the board's DRAM: its refusal
+        link.dram_write(1 << 16, bytes(8))
+    with pytest.raises(ValueError, match="board register address"):
+        link.board_read(3)
+    assert link.board_read(BoardReg.MAGIC) == lp.BOARD_MAGIC and link.probe() == lp.BOARD_MAGIC
+    assert UartLink(FakeEcp5Board(link_version=1), timeout=1.0).probe() is None     # '?' and '?'
