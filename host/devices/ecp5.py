@@ -4,17 +4,17 @@ protocol (:mod:`hw.boards.link_protocol`, pure Python: this module imports witho
 Two kinds of bitstream answer on the port, told apart on connect by a board-register read (``'G'``):
 
 * **DRAM boards** (link version 2, :mod:`hw.boards.dram_board`; the ULX3S's
-  ``bitstreams/ulx3s-85f/ulx3s-85f-dram.bit``): the model image and the embedding table live in the board's
+  ``bitstreams/ulx3s-85f/ulx3s-85f.bit``): the model image and the embedding table live in the board's
   DRAM, **loaded once** (:meth:`Ecp5Transport.load_model`: block CRCs compared, only differing blocks written,
   so a load interrupted by a dropped link restarts where it stopped; a reconnect finds the board's
   ``IMAGE_CHECKSUM`` naming the bundle and skips the load). Per token the link carries a ``'T'`` command
   (token id and position, 10 bytes) and its ``'t'`` reply, then either the whole output packet (``'o'``
   frames, when the logits are asked for) or, for greedy decoding, the 3-word argmax summary
   (:meth:`~host.devices.base.Device.step_argmax`): 30 bytes on the wire per token, 12 of them the summary.
-* **Stream-only boards** (link version 1: the first ECP5 builds, ``bitstreams/<board>/<board>.bit``, and the
-  ECPIX-5 until it has a DRAM build): they answer ``'?'`` to ``'G'``. Per token the host sends the token packet
-  (the golden device's, byte for byte) and then the whole model image through ``'S'``, 10 line bits per byte:
-  for the shipped model (1.95 MB image) at 2 Mbaud about 9.8 s per token (0.10 tokens/s).
+* **Stream-only boards** (link version 1: the first ECP5 builds; the ECPIX-5's
+  ``bitstreams/ecpix5-85f/ecpix5-85f.bit`` until it has a DRAM build): they answer ``'?'`` to ``'G'``. Per token the
+  host sends the token packet (the golden device's, byte for byte) and then the whole model image through ``'S'``,
+  10 line bits per byte: for the shipped model (1.95 MB image) at 2 Mbaud about 9.8 s per token (0.10 tokens/s).
 
 :class:`UartLink` is the protocol (any object with pyserial's ``read``/``write``/``reset_input_buffer``/
 ``close`` and a ``timeout`` attribute will do: the tests use a port backed by the link's gateware in the
