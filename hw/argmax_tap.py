@@ -28,35 +28,24 @@ last word has left.
 
 from __future__ import annotations
 
-import enum
-
 from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import crc, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw import isa
+from hw.boards.link_protocol import ARGMAX_SUMMARY_WORDS as SUMMARY_WORDS
+from hw.boards.link_protocol import SummaryFlags as TapFlags
 from hw.isa import OutputTrailer
 from hw.streams import WORD_LAYOUT
 
 __all__ = ["TapFlags", "ArgmaxTap", "SUMMARY_WORDS", "TRAILER_WORDS"]
 
 TRAILER_WORDS = isa.layout_bytes(OutputTrailer) // 4
-SUMMARY_WORDS = 3
 _WORD = {name: isa.field_span(OutputTrailer, (name,))[0] // 32 for name in ("magic", "position", "argmax",
                                                                              "n_logits")}
 _SECTION_WORDS = isa.SECTION_BYTES // 4
 
 
-class TapFlags(enum.IntFlag):
-    """Bits of the summary's flags word."""
-
-    CRC = 1       #: the packet's CRC word does not match its words
-    MAGIC = 2     #: the trailer's magic is not OUTPUT_MAGIC
-    ABORT = 4     #: the packet ended with OUTPUT_ABORT_WORD
-    LENGTH = 8    #: the packet's word count is not roundup(n_logits + 8, 16)
-
-
-assert [int(f) for f in TapFlags] == [1, 2, 4, 8]
 
 
 class ArgmaxTap(wiring.Component):

@@ -489,7 +489,7 @@ def ecp5_id_values(**over) -> dict[int, int]:
 
 def argmax_summary(packet: bytes) -> tuple[int, int, int]:
     """(position, argmax, flags) of an output packet as :class:`hw.argmax_tap.ArgmaxTap` reduces it (flags:
-    :class:`hw.argmax_tap.TapFlags` bits CRC 1, MAGIC 2, ABORT 4, LENGTH 8)."""
+    :class:`hw.boards.link_protocol.SummaryFlags`)."""
     words = struct.unpack(f"<{len(packet) // 4}I", packet)
     tw = isa.layout_bytes(isa.OutputTrailer) // 4
     t = isa.unpack(isa.OutputTrailer, packet[-4 * tw:]) if len(words) >= tw else None

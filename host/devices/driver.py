@@ -36,7 +36,6 @@ A transport (:class:`Transport`) only moves bytes and register values: :mod:`hos
 
 from __future__ import annotations
 
-import enum
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +50,7 @@ from host.image import ImageInfo, ParsedImage, parse_image
 from host.model import ModelWeights
 from hw import isa
 from hw import numerics as nx
+from hw.boards.link_protocol import SummaryFlags
 from hw.isa import Counter, Ctrl, Opcode
 
 if TYPE_CHECKING:
@@ -62,15 +62,6 @@ __all__ = ["AcceleratorDevice", "ArgmaxSummary", "Delivery", "SummaryFlags", "To
 
 R = isa.REGISTER_MAP
 
-
-class SummaryFlags(enum.IntFlag):
-    """The flags word of an argmax summary: :class:`hw.argmax_tap.TapFlags`, bit for bit (that module needs
-    Amaranth, which a board host lacks; ``tests/test_ecp5_dram.py`` checks the two agree)."""
-
-    CRC = 1       #: the output packet's CRC word did not match its words
-    MAGIC = 2     #: the trailer's magic was not OUTPUT_MAGIC
-    ABORT = 4     #: the packet ended with OUTPUT_ABORT_WORD (an error in the LM head)
-    LENGTH = 8    #: the packet's word count was not the one its n_logits announces
 
 
 @dataclass(frozen=True)

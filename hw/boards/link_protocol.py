@@ -74,7 +74,7 @@ __all__ = [
     "OP_DRAM_CRC", "OP_TOKEN", "REP_READ", "REP_WRITE", "REP_STREAM", "REP_RESET", "REP_BOARD_READ",
     "REP_BOARD_WRITE", "REP_DRAM_WRITE", "REP_DRAM_CRC", "REP_TOKEN", "REP_UNKNOWN", "REP_OUTPUT",
     "COMMAND_BYTES", "REPLY_BYTES", "BoardReg", "WRITABLE", "BoardStatus", "DramStatus", "TokenFlags",
-    "TokenStatus", "ARGMAX_SUMMARY_WORDS", "RESET_CYCLES",
+    "TokenStatus", "SummaryFlags", "ARGMAX_SUMMARY_WORDS", "RESET_CYCLES",
 ]
 
 #: version of this protocol, in ``BoardReg.LINK_VERSION`` (1: the stream-only link of the first ECP5 builds,
@@ -107,7 +107,8 @@ COMMAND_BYTES = {OP_READ: 1, OP_WRITE: 5, OP_STREAM: 3, OP_RESET: 0, OP_BOARD_RE
 REPLY_BYTES = {REP_READ: 4, REP_WRITE: 0, REP_STREAM: 0, REP_RESET: 0, REP_BOARD_READ: 4, REP_BOARD_WRITE: 0,
                REP_DRAM_WRITE: 1, REP_DRAM_CRC: 5, REP_TOKEN: 1, REP_UNKNOWN: 0, REP_OUTPUT: 5}
 
-#: words of an argmax-only token's output (:data:`hw.argmax_tap.SUMMARY_WORDS`: position, argmax, flags)
+#: words of an argmax-only token's output (:class:`hw.argmax_tap.ArgmaxTap`): position, argmax,
+#: :class:`SummaryFlags`
 ARGMAX_SUMMARY_WORDS = 3
 
 
@@ -169,3 +170,12 @@ class TokenStatus(enum.IntFlag):
     BAD_HIDDEN = 4          #: ``EMBED_HIDDEN`` is 0 or above the core's ``max_hidden``: refused
     READ_TIMEOUT = 8        #: a DRAM read timed out mid-token (``'X'`` resets the reader and the core)
     CORE_ERROR = 16         #: the core raised ``STATUS.ERROR`` during the token (its error registers say why)
+
+
+class SummaryFlags(enum.IntFlag):
+    """The flags word of an argmax-only token's summary (:class:`hw.argmax_tap.ArgmaxTap` sets them; 0: good)."""
+
+    CRC = 1                 #: the output packet's CRC word did not match its words
+    MAGIC = 2               #: the trailer's magic was not ``OUTPUT_MAGIC``
+    ABORT = 4               #: the packet ended with ``OUTPUT_ABORT_WORD`` (an error in the LM head)
+    LENGTH = 8              #: the packet's word count was not ``roundup(n_logits + 8, 16)``
