@@ -66,6 +66,8 @@ INPUTS = {
     "gpu_2.7b": ("bench/results/gpu_2.7b.json", "python3 -m bench.bench_gpu --shape 2.7B (on an H200)"),
     "cpu": ("bench/results/cpu.json", "python -m bench.bench_cpu"),
     "golden": ("bench/results/golden.json", "python -m bench.bench_golden"),
+    "board_ulx3s_dram": ("bench/results/board_ulx3s_dram.json",
+                         "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_dram.py -k shipped_model"),
 }
 
 # Published anchors (numbers are theirs, not ours), with the caveats that keep them comparable.
@@ -682,6 +684,16 @@ def summary_section(data: dict, proj: list[dict]) -> str:
             rows.append([f"370M decode, {p['title']} ({lanes}x{ch}x{bus}, {p['fmax_mhz']:g} MHz)",
                          f"{fmt(p['tokens_per_s'])} tokens/s", f"{fmt(p['tokens_per_j'])} tokens/J", "projected",
                          "`hw/boards/facts.py` design point, `host.perf` + power estimate"])
+    b = data.get("board_ulx3s_dram")
+    if b is None:
+        rows.append(["shipped model decode, ULX3S DRAM board", missing("board_ulx3s_dram"), "—", "simulated", "—"])
+    else:
+        rows.append([f"shipped model decode, ULX3S DRAM board ({b['design_point']['lanes']} lanes, "
+                     f"{fmt(b['clock']['simulated_hz'] / 1e6)} MHz), greedy, end to end",
+                     f"{fmt(b['tokens_per_s'])} tokens/s",
+                     f"DRAM read efficiency {pct(b['dram_read_efficiency'])}, {fmt(b['cycles_per_token'])} "
+                     f"cycles/token", "simulated (whole board; link time a model)",
+                     f"`{INPUTS['board_ulx3s_dram'][0]}`"])
     g = data.get("gpu")
     if g is None:
         rows.append(["370M decode, H200 (PyTorch)", missing("gpu"), "—", "measured", "—"])

@@ -798,6 +798,7 @@ class TokenTiming:
     bytes_in: int = 0
     round_trips: int = 0
     hw_cycles: int = 0          #: the core's CYCLES counter
+    sim_wall_s: float = 0.0     #: wall time of the token in the simulation (the golden device's included)
 
 
 def token_timings(link: BoardLink, since_cmd: int, since_frame: int) -> list[tuple]:
@@ -889,7 +890,7 @@ async def shipped_model(dut):
             timings.append(TokenTiming(
                 rec["mode"], rec["token"], rec["position"], link.cycles(status.t_ns - cmd.t_ns),
                 link.cycles(last.t_ns - cmd.t_ns), {k: status.monitor[k] - cmd.monitor[k] for k in COUNTS},
-                st["bytes_out"], st["bytes_in"], st["round_trips"], hwc))
+                st["bytes_out"], st["bytes_in"], st["round_trips"], hwc, rec["wall_s"]))
         res.update(out)
         res["timings"] = timings
         res["dfi_total"] = {k: m1[k] - m0[k] for k in COUNTS}

@@ -455,6 +455,7 @@ def record(bench: dict, r: dict, built, load0) -> Path:
     eff, tps = bench["dram_read_efficiency"], bench["tokens_per_s"]
     report = {
         **provenance("board_ulx3s_dram"),
+        "command_short": "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_dram.py -k shipped_model",
         "source": "whole-board simulation (cocotb + Verilator, LiteDRAM controller + SDRAMPHYModel)",
         "status": "simulated (cycles of the simulated board; the link's time is a model)",
         "test": "sim/test_board_dram.py::test_shipped_model",
@@ -513,6 +514,21 @@ def record(bench: dict, r: dict, built, load0) -> Path:
         "tokens": bench["tokens"],
         "goal": {"dram_read_efficiency": 0.85, "tokens_per_s": 40.0, "met": eff >= 0.85 and tps >= 40.0},
         "sim": {"wall_s": r["wall_s"], "backdoor": r["backdoor"], "load_wall_s": r["load_wall_s"],
-                "host_wall_s": r["host_wall_s"]},
+                "host_wall_s": r["host_wall_s"], "lscpu_model_name": _lscpu_model(),
+                "note": "wall times of this run on its machine (shared); a token's wall time includes the golden "
+                        "device's run of it",
+                "cycles_per_wall_s": round(sum(x["cycles_to_output"] for x in bench["tokens"])
+                                           / sum(x["sim_wall_s"] for x in bench["tokens"]))},
     }
     return write_json(RESULTS / "board_ulx3s_dram.json", report)
+
+
+def _lscpu_model() -> str | None:
+    """``Model name`` of ``lscpu`` (None without it)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), None)
