@@ -18,12 +18,13 @@ when ``uart_sel`` is low (the board's link bytes at one a clock cycle, for the c
 UART's 80 cycles a byte make impractical: the tiny model's cases after the first and the faults), and a
 **back door** (``backdoor_load``: ``$readmemh`` of four files into the SDRAM model's bank arrays,
 :data:`BACKDOOR_VERILOG`) through which the shipped model's 7.3 MB image and table are put into DRAM (through
-the byte port they would take 7.3 M cycles of Python; through the UART 590 M). Which case uses which path:
+the byte port they would take 7.3 M cycles driven from Python; through the UART at 80 cycles a byte about 580 M).
+Which case uses which path:
 
 =========================  ==================================================================================
 ``uart_path``              the real serial line (8N1 bit by bit from the testbench; the board's UART): a token
                            before any image, the tiny model loaded through ``'L'``, two tokens
-``tiny_model``             byte port: the tiny model loaded (load-once, CRC compare), tokens in logits and
+``tiny_model_load_once``   byte port: the tiny model loaded (load-once, CRC compare), tokens in logits and
                            argmax mode bit-exact with the golden device, a second connect skips the load, the
                            back door checked against ``'C'``
 ``faults``                 byte port: a corrupted image word (back door) -> the core's weight CRC ->
