@@ -364,7 +364,7 @@ def read_counters(read: Callable[[int], int]) -> dict[Counter, int]:
 #: What each ISA version changed, for the message that refuses a bitstream of another version.
 _ISA_HISTORY = {
     1: "the arithmetic before the released checkpoints' numerics (no BitLinear eps, codes rounded half up); "
-       "the ECP5 bitstreams committed before ISA 2 (bitstreams/ulx3s-85f, bitstreams/ecpix5-85f) are such builds",
+       "bitstreams/ecpix5-85f (and the ULX3S stream bitstream it replaced, in git history) is such a build",
 }
 
 
