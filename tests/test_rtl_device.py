@@ -270,16 +270,21 @@ def devices(checkpoint):
 
 
 class _Recorder:
-    """Records the logits a device returns to :func:`host.generate.generate` (prefill and every step)."""
+    """Records what a device returns to :func:`host.generate.generate`: the logits of prefill and every step, or,
+    on the greedy path, the argmax of ``prefill_argmax`` and every ``step_argmax``."""
 
     def __init__(self, monkeypatch, device):
         self.logits: list[np.ndarray] = []
-        for name in ("prefill", "step"):
+        self.argmax: list[int] = []
+        for name in ("prefill", "step", "prefill_argmax", "step_argmax"):
             real = getattr(device, name)
 
-            def wrapped(arg, _real=real):
+            def wrapped(arg, _real=real, _name=name):
                 out = _real(arg)
-                self.logits.append(np.array(out, copy=True))
+                if _name.endswith("_argmax"):
+                    self.argmax.append(int(out))
+                else:
+                    self.logits.append(np.array(out, copy=True))
                 return out
 
             monkeypatch.setattr(device, name, wrapped)
@@ -301,13 +306,17 @@ def test_generation_identical_to_golden(monkeypatch, checkpoint, devices, sampli
         rec = _Recorder(monkeypatch, dev)
         result = generate_text(dev, checkpoint.tokenizer, PROMPT, max_new_tokens=NEW_TOKENS, stop_at_eos=False,
                                **sampling)
-        runs[dev.name] = (result, rec.logits)
+        runs[dev.name] = (result, rec.logits, rec.argmax)
         monkeypatch.undo()
-    (g, g_logits), (r, r_logits) = runs["golden"], runs["rtl"]
+    (g, g_logits, g_arg), (r, r_logits, r_arg) = runs["golden"], runs["rtl"]
     assert len(g.token_ids) == NEW_TOKENS
     assert r.prompt_ids == g.prompt_ids
     assert r.token_ids == g.token_ids
     assert r.text == g.text
+    if sampling.get("temperature") == 0.0:   # the greedy path asks for the argmax alone, never the logits
+        assert r_logits == g_logits == [] and r_arg == g_arg and len(r_arg) == NEW_TOKENS
+        return
+    assert r_arg == g_arg == []
     assert len(r_logits) == len(g_logits) == NEW_TOKENS   # prefill + 15 steps (the last token is not run)
     for a, b in zip(r_logits, g_logits, strict=True):
         assert a.dtype == np.float32 and np.array_equal(a, b)
