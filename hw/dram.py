@@ -770,13 +770,27 @@ class LiteDRAMCore(wiring.Component):
         Required for a hardware core, refused for a simulation core.
     init_timeout : int, >= 1
         Cycles a control-bus write may wait for its ``ack`` before ``init_error`` (default 1024).
+    hold_port : bool
+        False (default, the ULX3S): the port is enabled as soon as the power-up sequence has run. True: it
+        stays blocked after that (``cmd.ready`` low, no command reaches the core) while ``port_enable`` is
+        low, so that the host can level the DRAM over ``ctrl`` first (docs/DDR3.md).
 
     Members
     -------
     port : In(NativePortSignature(addr_width=core.addr_width, data_width=core.data_width))
         The native user port (the core is its subordinate).
+    ctrl : In(hw.dram_init.WishboneSignature())
+        The host's access to the core's control bus (``wb_ctrl``: its CSRs, byte addresses
+        :attr:`GeneratedCore.csr`, word address = byte address >> 2, 32-bit data): read leveling and memory
+        tests. The power-up sequencer owns the bus until it is done or in error; until then ``ctrl.ack``
+        stays low and a transfer waits (:class:`hw.dram_init.DRAMControl`). Leave it idle (all zero) if
+        unused.
+    port_enable : In(1)
+        With ``hold_port``: commands pass to the core only while it is high (a level; raise it once leveling
+        is done and keep it). Ignored without ``hold_port``.
     init_done : Out(1)
-        The power-up sequence has run and the port is enabled (the core's ``ddrctrl_init_done`` CSR).
+        The power-up sequence has run and the core takes commands (the core's ``ddrctrl_init_done`` CSR;
+        with ``hold_port`` the port also needs ``port_enable``).
     init_error : Out(1)
         A control-bus write was never acknowledged (the sequencer gave up), or the core's
         ``ddrctrl_init_error`` CSR is set.
@@ -793,7 +807,10 @@ class LiteDRAMCore(wiring.Component):
         simulation core is wrapped like an SDR one).
     """
 
-    def __init__(self, core: GeneratedCore, *, pins: Mapping | None = None, init_timeout: int = 1024):
+    def __init__(self, core: GeneratedCore, *, pins: Mapping | None = None, init_timeout: int = 1024,
+                 hold_port: bool = False):
+        from hw.dram_init import WishboneSignature
+
         if not isinstance(core, GeneratedCore):
             raise TypeError(f"core must be a GeneratedCore, not {core!r}")
         if not core.sim and core.memtype != "SDR":
@@ -809,9 +826,13 @@ class LiteDRAMCore(wiring.Component):
             for k, v in pins.items():
                 if not isinstance(v, IOValue):
                     raise ValueError(f"pin {k!r} must be an IOValue (platform.request(..., dir='-')), got {v!r}")
-        self._core, self._pins, self._init_timeout = core, dict(pins or {}), init_timeout
+        if not isinstance(hold_port, bool):
+            raise TypeError(f"hold_port must be a bool, not {hold_port!r}")
+        self._core, self._pins, self._init_timeout, self._hold = core, dict(pins or {}), init_timeout, hold_port
         members = {
             "port": In(NativePortSignature(addr_width=core.addr_width, data_width=core.data_width)),
+            "ctrl": In(WishboneSignature()),
+            "port_enable": In(1),
             "init_done": Out(1),
             "init_error": Out(1),
         }
@@ -823,20 +844,29 @@ class LiteDRAMCore(wiring.Component):
     def core(self) -> GeneratedCore:
         return self._core
 
+    @property
+    def hold_port(self) -> bool:
+        return self._hold
+
     def elaborate(self, platform):
-        from hw.dram_init import DFIIInitSequencer
+        from hw.dram_init import DRAMControl
 
         m = Module()
-        m.submodules.init = init = DFIIInitSequencer(writes=self._core.init, timeout=self._init_timeout)
+        m.submodules.control = control = DRAMControl(
+            writes=self._core.init, addr_width=self._core.addr_width, data_width=self._core.data_width,
+            timeout=self._init_timeout, hold_port=self._hold)
+        wiring.connect(m, wiring.flipped(self.port), control.port)
+        wiring.connect(m, wiring.flipped(self.ctrl), control.ctrl)
+        m.d.comb += control.port_enable.eq(self.port_enable)
         p = f"user_port_{USER_PORT}_"
-        port = self.port
+        port, bus = control.core_port, control.bus
         done, error = Signal(), Signal()
         ports = {
             "i_clk": ClockSignal("sync"), "i_rst": ResetSignal("sync"),
             "o_init_done": done, "o_init_error": error,
-            "i_wb_ctrl_adr": init.bus.adr, "i_wb_ctrl_dat_w": init.bus.dat_w, "o_wb_ctrl_dat_r": Signal(32),
-            "i_wb_ctrl_sel": Const(0xF, 4), "i_wb_ctrl_cyc": init.bus.cyc, "i_wb_ctrl_stb": init.bus.stb,
-            "o_wb_ctrl_ack": init.bus.ack, "i_wb_ctrl_we": Const(1, 1), "i_wb_ctrl_cti": Const(0, 3),
+            "i_wb_ctrl_adr": bus.adr, "i_wb_ctrl_dat_w": bus.dat_w, "o_wb_ctrl_dat_r": bus.dat_r,
+            "i_wb_ctrl_sel": Const(0xF, 4), "i_wb_ctrl_cyc": bus.cyc, "i_wb_ctrl_stb": bus.stb,
+            "o_wb_ctrl_ack": bus.ack, "i_wb_ctrl_we": bus.we, "i_wb_ctrl_cti": Const(0, 3),
             "i_wb_ctrl_bte": Const(0, 2), "o_wb_ctrl_err": Signal(),
             f"i_{p}cmd_valid": port.cmd.valid, f"o_{p}cmd_ready": port.cmd.ready,
             f"i_{p}cmd_we": port.cmd.payload.we, f"i_{p}cmd_addr": port.cmd.payload.addr,
@@ -853,5 +883,5 @@ class LiteDRAMCore(wiring.Component):
             for name in sim_monitor_layout().members:
                 ports[f"o_sim_monitor_{name}"] = self.monitor[name]
         m.submodules.litedram = Instance(self._core.name, **ports)
-        m.d.comb += [self.init_done.eq(done), self.init_error.eq(error | init.error)]
+        m.d.comb += [self.init_done.eq(done), self.init_error.eq(error | control.error)]
         return m

@@ -1,10 +1,13 @@
-"""The DRAM power-up sequencer of :class:`hw.dram.LiteDRAMCore`: a fixed list of Wishbone writes.
+"""The control logic of :class:`hw.dram.LiteDRAMCore` beside the generated core: the DRAM power-up
+sequencer, the arbitration of the core's control bus, and the user-port gate.
 
 A LiteDRAM core generated without a CPU leaves its DFI injector in hardware control with the DRAM
 uninitialised and ``init_done`` low; LiteX's BIOS (``sdram_init`` in ``liblitedram/sdram.c``) would bring it
-up. This component plays the same writes (:func:`hw.dram.init_writes`) on the core's ``wb_ctrl`` bus
-(Wishbone B4 classic, 32-bit data, word addresses) from a small ROM, waiting each write's delay after its
-acknowledge.
+up. :class:`DFIIInitSequencer` plays the same writes (:func:`hw.dram.init_writes`) on the core's ``wb_ctrl``
+bus (Wishbone B4 classic, 32-bit data, word addresses) from a small ROM, waiting each write's delay after its
+acknowledge. :class:`DRAMControl` puts it in front of the bus and hands the bus to the host once it is done
+(read leveling and memory tests over :class:`WishboneSignature`), and can hold the user port until the host
+says the DRAM is calibrated.
 """
 
 from __future__ import annotations
@@ -16,7 +19,41 @@ from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["WishboneWriteSignature", "DFIIInitSequencer"]
+__all__ = ["WishboneSignature", "WishboneWriteSignature", "DFIIInitSequencer", "DRAMControl"]
+
+
+class WishboneSignature(wiring.Signature):
+    """A Wishbone B4 classic manager with 32-bit data and all byte lanes selected (``sel`` = 0b1111, no burst
+    tags), as LiteX's ``wishbone.Interface`` in a generated core's ``wb_ctrl`` expects it.
+
+    Members
+    -------
+    adr : Out(30)
+        Word address (byte address >> 2).
+    dat_w : Out(32)
+        Write data (``we`` = 1).
+    dat_r : In(32)
+        Read data, valid in the cycle ``ack`` is high (``we`` = 0).
+    we : Out(1)
+        1: write, 0: read.
+    cyc, stb : Out(1)
+        Held high from the start of a transfer to its ``ack`` (one transfer per ``cyc & stb & ack``).
+    ack : In(1)
+        The subordinate completes the transfer.
+    """
+
+    def __init__(self):
+        super().__init__({"adr": Out(30), "dat_w": Out(32), "dat_r": In(32), "we": Out(1), "cyc": Out(1),
+                          "stb": Out(1), "ack": In(1)})
+
+    def __eq__(self, other):
+        return type(other) is WishboneSignature
+
+    def __hash__(self):
+        return hash(WishboneSignature)
+
+    def __repr__(self):
+        return "WishboneSignature()"
 
 
 class WishboneWriteSignature(wiring.Signature):
@@ -106,4 +143,92 @@ class DFIIInitSequencer(wiring.Component):
                 m.d.comb += self.done.eq(1)
             with m.State("ERROR"):
                 m.d.comb += self.error.eq(1)
+        return m
+
+
+class DRAMControl(wiring.Component):
+    """The power-up sequencer, the control-bus arbiter and the user-port gate of :class:`hw.dram.LiteDRAMCore`,
+    all in one clock domain (``sync``: the controller clock).
+
+    The control bus ``bus`` (the generated core's ``wb_ctrl``) belongs to :class:`DFIIInitSequencer` from reset
+    until it is ``done`` or in ``error``, then to the host's ``ctrl`` for good: its address, data, ``we``,
+    ``cyc`` and ``stb`` go to ``bus`` and ``bus``'s ``dat_r`` and ``ack`` come back. While the sequencer owns
+    the bus, ``ctrl``'s requests do not reach it and ``ctrl.ack`` stays low (a host transfer waits, it is not
+    lost). The sequencer's bus is idle in ``done`` and ``error``, so the hand-over never splits a transfer.
+
+    ``port`` (the user's native port) is passed to ``core_port`` (the generated core's) unchanged, except that
+    with ``hold_port`` its commands are gated by ``port_enable``: while ``port_enable`` is low, ``core_port``
+    sees no ``cmd.valid`` and ``port`` no ``cmd.ready``. Write data (``wdata.ready``) and read data
+    (``rdata``) are never gated, so commands accepted before ``port_enable`` falls complete.
+
+    Parameters
+    ----------
+    writes, timeout
+        As :class:`DFIIInitSequencer` (the power-up writes, cycles a write may wait for ``ack``).
+    addr_width, data_width : int
+        The native port's widths (:class:`hw.dram.NativePortSignature`).
+    hold_port : bool
+        False (default): ``port`` is ``core_port`` and ``port_enable`` is ignored. True: commands pass only
+        while ``port_enable`` is high.
+
+    Members
+    -------
+    ctrl : In(WishboneSignature())
+        The host's access to ``bus`` once the sequencer is done or in error.
+    bus : Out(WishboneSignature())
+        To the generated core's ``wb_ctrl``.
+    port : In(NativePortSignature(addr_width, data_width))
+        The user's native port.
+    core_port : Out(NativePortSignature(addr_width, data_width))
+        To the generated core's user port.
+    port_enable : In(1)
+        With ``hold_port``: let commands through (a level, e.g. a host "calibrated" register).
+    done, error : Out(1)
+        The sequencer's ``done`` and ``error`` (sticky until reset).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :class:`DFIIInitSequencer` and :class:`hw.dram.NativePortSignature`; ``TypeError`` if ``hold_port``
+        is not a bool.
+    """
+
+    def __init__(self, *, writes: Sequence, addr_width: int, data_width: int, timeout: int = 1024,
+                 hold_port: bool = False):
+        from hw.dram import NativePortSignature
+
+        if not isinstance(hold_port, bool):
+            raise TypeError(f"hold_port must be a bool, not {hold_port!r}")
+        self._seq = DFIIInitSequencer(writes=writes, timeout=timeout)
+        self._hold = hold_port
+        port = NativePortSignature(addr_width=addr_width, data_width=data_width)
+        super().__init__({"ctrl": In(WishboneSignature()), "bus": Out(WishboneSignature()), "port": In(port),
+                          "core_port": Out(port), "port_enable": In(1), "done": Out(1), "error": Out(1)})
+
+    @property
+    def hold_port(self) -> bool:
+        return self._hold
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.sequencer = seq = self._seq
+        host = Signal()   # the host owns the bus
+        m.d.comb += [host.eq(seq.done | seq.error), self.done.eq(seq.done), self.error.eq(seq.error),
+                     self.ctrl.dat_r.eq(self.bus.dat_r)]
+        with m.If(host):
+            m.d.comb += [self.bus.adr.eq(self.ctrl.adr), self.bus.dat_w.eq(self.ctrl.dat_w),
+                         self.bus.we.eq(self.ctrl.we), self.bus.cyc.eq(self.ctrl.cyc),
+                         self.bus.stb.eq(self.ctrl.stb), self.ctrl.ack.eq(self.bus.ack)]
+        with m.Else():
+            m.d.comb += [self.bus.adr.eq(seq.bus.adr), self.bus.dat_w.eq(seq.bus.dat_w), self.bus.we.eq(1),
+                         self.bus.cyc.eq(seq.bus.cyc), self.bus.stb.eq(seq.bus.stb), seq.bus.ack.eq(self.bus.ack)]
+
+        port, core = self.port, self.core_port
+        enable = self.port_enable if self._hold else 1
+        m.d.comb += [
+            core.cmd.valid.eq(port.cmd.valid & enable), port.cmd.ready.eq(core.cmd.ready & enable),
+            core.cmd.payload.eq(port.cmd.payload),
+            core.wdata.payload.eq(port.wdata.payload), port.wdata.ready.eq(core.wdata.ready),
+            port.rdata.valid.eq(core.rdata.valid), port.rdata.payload.eq(core.rdata.payload),
+        ]
         return m
