@@ -208,17 +208,23 @@ def test_ecpix5_sim_core_settings_equal_the_hardware_core():
     assert phy.read_latency == -(-phy.cl // 2) + 10 == 13 and phy.write_latency == -(-phy.cwl // 2) == 3
     assert (phy.read_leveling, phy.bitslips, phy.delays) == (True, 4, 8)
     assert cfg_rtt(phy) == ("60ohm", "60ohm", "34ohm")
-    assert type(sim["module"]) is type(hw["module"]) and type(hw["module"]).__name__ == "MT41K256M16"
+    assert type(sim["module"]) is type(hw["module"]) is dram.local_modules()["MT41K256M16_4Gb"]
+    from litedram.modules import MT41K256M16
+    assert issubclass(type(hw["module"]), MT41K256M16)
     assert sim["sys_clk_freq"] == hw["sys_clk_freq"] == 75e6
     assert sim["timing_checker"], "the DRAM model's DFI timing checker is off"
     ct = sim["checker_timings"]
     assert ct["tCK"] == 6666 and ct["tREFI"] == 7812500 and ct["tRP"] == 13750   # ps
     # timings in DRAM clocks are whole multiples of the checker's tCK (hw.dram._whole_ps_timing_checker)
-    assert (ct["tCCD"], ct["tRRD"], ct["tRFC"], ct["tZQCS"]) == (4 * 6666, 4 * 6666, 208 * 6666, 64 * 6666)
-    # refresh: 64 ms / 8192 at 75 MHz; tRFC is the module class's 208 DRAM clocks (its DDR3-1600 figure, 260 ns
-    # there) at this tCK: 104 controller cycles (1.39 us) per 586 (docs/DDR3.md)
+    assert (ct["tCCD"], ct["tRRD"], ct["tZQCS"]) == (4 * 6666, 4 * 6666, 64 * 6666)
+    # refresh: 64 ms / 8192 at 75 MHz; tRFC is the datasheet's 260 ns for the 4 Gb part (hw.dram.local_modules),
+    # not LiteDRAM's 208 DRAM clocks (1.39 us at this tCK, 104 controller cycles): 20 controller cycles of 13.33 ns
+    # per 586 (docs/DDR3.md)
+    assert ct["tRFC"] == 260000 == dram.MT41K256M16_TRFC_NS * 1000
     t = hw["timing"]
-    assert (t.tREFI, t.tRFC, t.tCCD, t.tRP, t.tRCD, t.tZQCS) == (586, 104, 2, 2, 2, 32)
+    assert (t.tREFI, t.tRFC, t.tCCD, t.tRP, t.tRCD, t.tZQCS) == (586, 20, 2, 2, 2, 32)
+    assert (t.tRFC - 1) * 1e9 / 75e6 < 260 <= t.tRFC * 1e9 / 75e6      # the fewest cycles covering 260 ns
+    assert _settings_dict(sim["timing"]) == _settings_dict(t)
     geom = hw["geom"]
     assert (2 ** geom.bankbits, 2 ** geom.rowbits, 2 ** geom.colbits) == (8, 32768, 1024)
     assert dram.port_geometry(hw["controller"]) == (25, 128)
@@ -465,3 +471,31 @@ def test_ddr3_sim_core_in_verilator(ecpix5_cores, tmp_path):
     assert r["ref"] >= r["read_cycles"] // hw.tREFI - 1 and r["ref_max_gap"] <= 2 * hw.tREFI
     # refresh alone takes tRFC of every tREFI cycles: the read cannot beat (tREFI - tRFC) / tREFI of the peak
     assert 0.5 < r["efficiency"] <= (hw.tREFI - hw.tRFC) / hw.tREFI
+
+
+@needs_litedram
+def test_local_module_class():
+    """MT41K256M16_4Gb: LiteDRAM's MT41K256M16 with tRFC = 260 ns in every speed bin and nothing else changed;
+    registered in litedram.modules (as litedram_gen resolves names) once, refusing a foreign class of its name."""
+    from litedram import modules
+
+    cls = dram.local_modules()["MT41K256M16_4Gb"]
+    dram.register_modules()
+    dram.register_modules()
+    assert modules.MT41K256M16_4Gb is cls is dram.local_modules()["MT41K256M16_4Gb"]
+    base = modules.MT41K256M16
+    assert set(cls.speedgrade_timings) == set(base.speedgrade_timings)
+    for bin_, t in cls.speedgrade_timings.items():
+        b = base.speedgrade_timings[bin_]
+        assert t.tRFC == (None, 260) and b.tRFC[1] is None
+        assert (t.tRP, t.tRCD, t.tWR, t.tFAW, t.tRAS) == (b.tRP, b.tRCD, b.tWR, b.tFAW, b.tRAS)
+    assert cls.technology_timings is base.technology_timings
+    assert (cls.nbanks, cls.nrows, cls.ncols) == (8, 32768, 1024)
+    # at the ECPIX-5's clocks: 20 controller cycles where the library's class takes 104
+    assert cls(75e6, "1:2").timing_settings.tRFC == 20 and base(75e6, "1:2").timing_settings.tRFC == 104
+    try:
+        modules.MT41K256M16_4Gb = type("MT41K256M16_4Gb", (base,), {})
+        with pytest.raises(RuntimeError, match="not hw.dram's"):
+            dram.register_modules()
+    finally:
+        modules.MT41K256M16_4Gb = cls
