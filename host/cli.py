@@ -7,6 +7,7 @@
     mmfree info --model ~/models/MMfreeLM-370M
     mmfree board info                      # an ECP5 board on $MMFREE_ECP5_PORT: registers, core ID block
     mmfree board load --image m.mmf        # the bundle into the board's DRAM, once
+    mmfree board level --csr csr.json      # a DDR3 board: read leveling over the link, then the DRAM port enabled
 
 ``--model`` defaults to the shipped model (:data:`DEFAULT_MODEL`), ``--device`` to
 :data:`host.devices.DEFAULT_DEVICE`. Errors the user can fix (a missing file, a bad argument, a
@@ -424,7 +425,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_board(args: argparse.Namespace) -> int:
-    """``mmfree board info|status|load|memtest``: an ECP5 board over its serial port (host/devices/ecp5.py)."""
+    """``mmfree board info|status|load|memtest|level``: an ECP5 board over its serial port (host/devices/ecp5.py)."""
     from host.devices.ecp5 import Ecp5Device
 
     if args.timeout is not None and not args.timeout > 0:
@@ -436,10 +437,17 @@ def _cmd_board(args: argparse.Namespace) -> int:
         _check_file(image, "bundle")
     if args.board_command == "memtest" and (args.bytes <= 0 or args.bytes % 8):
         raise ValueError(f"--bytes must be a positive multiple of 8, got {args.bytes}")
+    csr = None
+    if args.board_command == "level":
+        csr = args.csr if args.csr is not None else os.environ.get("MMFREE_ECP5_CSR") or None
+        if csr is not None:
+            _check_file(Path(csr), "CSR map")
     progress = args.progress if args.progress is not None else _stderr_is_tty()
     with Ecp5Device(port=args.port, baud=args.baud, timeout=args.timeout, reload=getattr(args, "force", False),
                     progress=progress) as dev:
         dev.connect()
+        if args.board_command == "level":
+            return _board_level(dev, csr)
         return {"info": _board_info, "status": _board_status, "load": _board_load,
                 "memtest": _board_memtest}[args.board_command](dev, args)
 
@@ -506,7 +514,15 @@ def _board_status(dev: Any, args: argparse.Namespace) -> int:
                                + ("held by the board (registers and DRAM CRC match)" if held else
                                   "not held by the board (`mmfree board load --image " f"{args.image}`)")))
     errors = status & (BoardStatus.READER_ERROR | BoardStatus.WRITER_ERROR | BoardStatus.RX_OVERFLOW)
-    rows += [("link", f"{regs[BoardReg.LINK_TIMEOUTS]} commands timed out, {regs[BoardReg.LINK_FRAMING]} bytes "
+    if BoardReg.PORT_ENABLE not in regs:
+        port = "enabled (link version 2: the port is never held; no read leveling)"
+    elif status & BoardStatus.PORT_ENABLED:
+        port = "enabled" + (" (read leveling has run)" if status & BoardStatus.PORT_HELD else
+                            " (this DRAM needs no read leveling)")
+    else:
+        port = "held until read leveling has run (`mmfree board level --csr CSR.json`): no load, memtest or token"
+    rows += [("DRAM port", port),
+             ("link", f"{regs[BoardReg.LINK_TIMEOUTS]} commands timed out, {regs[BoardReg.LINK_FRAMING]} bytes "
                       f"with framing errors, {regs[BoardReg.TOKENS]} tokens since configuration"),
              ("errors", _flags(errors, BoardStatus))]
     _rows(rows)
@@ -544,6 +560,35 @@ def _board_memtest(dev: Any, args: argparse.Namespace) -> int:
     print("the board's image is overwritten and IMAGE_VALID cleared: `mmfree board load --image FILE.mmf` rewrites "
           "the blocks that differ", file=sys.stderr)
     return 1 if r.bad_blocks else 0
+
+
+def _board_level(dev: Any, csr: str | None) -> int:
+    """``mmfree board level``: the host's read leveling of a DDR3 board (host/leveling.py), its report, and the
+    DRAM port enabled; exit status 1 when a lane has no working setting (the port then stays held)."""
+    from host.leveling import LevelingError, load_csr_map
+
+    dev.transport.require_ctrl("read leveling")
+    if csr is None:
+        raise ValueError("mmfree board level needs the CSR map of the bitstream's LiteDRAM core: --csr FILE (its "
+                         "csr.json, shipped next to the bitstream, or the bitstream's report.json when it carries "
+                         "litedram.csr_registers) or MMFREE_ECP5_CSR")
+    regs = load_csr_map(csr)
+    try:
+        result = dev.level(regs)
+    except LevelingError as exc:
+        print(f"read leveling FAILED (host-driven port of LiteX's procedure; not run on hardware): module "
+              f"{exc.module}")
+        for b, errs in sorted(exc.scans.items()):
+            print(f"  m{exc.module} b{b}: |{''.join('.' if e == 0 else 'x' for e in errs)}| bit errors "
+                  + " ".join(str(e) for e in errs))
+        print(f"{PROG}: error: {_one_line(exc)}; the DRAM port stays held", file=sys.stderr)
+        return 1
+    print(result.format())
+    print(f"DRAM port enabled ({dev.transport.stats['ctrl_reads']:,} control-bus reads, "
+          f"{dev.transport.stats['ctrl_writes']:,} writes)")
+    print("IMAGE_VALID cleared: the leveling's test bursts overwrite the DRAM's first bytes; `mmfree board load "
+          "--image FILE.mmf` rewrites that block", file=sys.stderr)
+    return 0
 
 
 def _cmd_power(args: argparse.Namespace) -> int:
@@ -817,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.set_defaults(func=_cmd_bench)
 
     bd = sub.add_parser("board", help="an ECP5 DRAM board over its serial port: registers, the image it holds, "
-                                      "loading a bundle once, a memory test")
+                                      "loading a bundle once, a memory test, read leveling")
     bsub = bd.add_subparsers(dest="board_command", required=True, metavar="ACTION")
 
     def board_common(q: argparse.ArgumentParser) -> None:
@@ -849,6 +894,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--bytes", type=int, default=1 << 20, metavar="N",
                    help="bytes to test from address 0, a multiple of 8 (default: 1 MiB, about 5 s at 2 Mbaud)")
     q.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the data (default: 0)")
+    q = bsub.add_parser("level", help="a DDR3 board (link version 3): read leveling of the PHY over the link, the "
+                                      "report, then the DRAM port enabled (not run on hardware)")
+    board_common(q)
+    q.add_argument("--csr", type=Path, default=None, metavar="CSR.json",
+                   help="the CSR map of the bitstream's LiteDRAM core: its csr.json, or a report.json carrying it "
+                        "(default: $MMFREE_ECP5_CSR)")
     bd.set_defaults(func=_cmd_board)
     return parser
 

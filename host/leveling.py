@@ -57,7 +57,8 @@ from typing import Protocol
 __all__ = ["DFII_CONTROL_SEL", "DFII_CONTROL_CKE", "DFII_CONTROL_ODT", "DFII_CONTROL_RESET_N", "DFII_COMMAND_CS",
            "DFII_COMMAND_WE", "DFII_COMMAND_CAS", "DFII_COMMAND_RAS", "DFII_COMMAND_WRDATA",
            "DFII_COMMAND_RDDATA", "SEEDS", "RegisterAccess", "LevelingParams", "ECPIX5_PARAMS", "LevelingError",
-           "LaneResult", "LevelingResult", "required_csrs", "read_leveling", "CSRBus"]
+           "LaneResult", "LevelingResult", "required_csrs", "read_leveling", "CSRBus", "load_csr_map",
+           "CLOBBERED_BYTES"]
 
 # LiteDRAM's DFI injector (litedram/dfii.py; the values litedram.init writes into sdram_phy.h)
 DFII_CONTROL_SEL = 0x01      #: hardware (controller) control of the DFI
@@ -75,6 +76,9 @@ DFII_CONTROL_SOFTWARE = DFII_CONTROL_CKE | DFII_CONTROL_ODT | DFII_CONTROL_RESET
 
 #: pattern seeds: a tap must read all of them back without error (three, as LiteX's BIOS uses)
 SEEDS = (42, 84, 36)
+#: DRAM bytes from address 0 that the procedure overwrites: its test bursts go to bank 0, row 0, column 0,
+#: which is the user port's word 0 (one BL8 burst of the x16 chip: 16 bytes on the ECPIX-5)
+CLOBBERED_BYTES = 16
 
 
 class RegisterAccess(Protocol):
@@ -405,6 +409,50 @@ def read_leveling(regs: RegisterAccess, params: LevelingParams = ECPIX5_PARAMS, 
     finally:
         regs.write("sdram_dfii_control", DFII_CONTROL_SEL)
     return LevelingResult(lanes=lanes, params=params)
+
+
+def load_csr_map(path: str | os.PathLike) -> dict:
+    """The control-bus register map a bitstream's LiteDRAM core was built with, for :class:`CSRBus`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The core's ``csr.json`` (``litedram_gen``'s output: ``{"csr_registers": {name: {"addr", "size",
+        "type"}}, ...}``), or a bitstream's ``report.json`` that carries it as ``litedram.csr_registers``.
+
+    Returns
+    -------
+    dict
+        ``csr_registers``: name -> ``{"addr": int, "size": int, "type": "rw" | "ro"}``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    ValueError
+        Not JSON, or no register map in it, or an entry without an integer ``addr``/``size`` (the message says
+        what the file must hold).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"CSR map {p}: no such file (the csr.json of the bitstream's LiteDRAM core)")
+    try:
+        doc = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"CSR map {p}: not JSON ({exc})") from exc
+    regs = None
+    if isinstance(doc, dict):
+        regs = doc.get("csr_registers")
+        if regs is None and isinstance(doc.get("litedram"), dict):
+            regs = doc["litedram"].get("csr_registers")
+    if not isinstance(regs, dict) or not regs:
+        raise ValueError(f"CSR map {p}: no register map (a LiteDRAM core's csr.json has 'csr_registers'; a bitstream "
+                         f"report.json carries it as 'litedram.csr_registers')")
+    for name, v in regs.items():
+        if not (isinstance(v, dict) and all(isinstance(v.get(k), int) and not isinstance(v.get(k), bool)
+                                            and v[k] >= 0 for k in ("addr", "size"))):
+            raise ValueError(f"CSR map {p}: register {name!r} needs integer 'addr' and 'size', got {v!r}")
+    return regs
 
 
 class CSRBus:

@@ -21,7 +21,11 @@ reports an :class:`hw.isa.ErrorCause` instead of running the token).
 :func:`host.protocol.make_token_packet` from the table row it reads **from the fake's DRAM** at the layout its
 registers describe, and runs the image bytes read from DRAM on the golden machine: so the host's layout and
 load are what is tested, not copied). An argmax-only token's output is reduced as
-:class:`hw.argmax_tap.ArgmaxTap` does (:func:`argmax_summary`).
+:class:`hw.argmax_tap.ArgmaxTap` does (:func:`argmax_summary`). Version 3 adds the DRAM controller's control bus
+(``'K'``/``'J'``) and the port enable; with ``phy`` (a :class:`ScriptedECP5PHY`) the control bus is that PHY's
+registers (:class:`CSRWordModel`), the DRAM reads back right only through lanes at a setting the PHY script
+calls good, and the leveling's test bursts land in the DRAM's first bytes: so a token runs only after a
+leveling that left every lane inside its window.
 """
 
 from __future__ import annotations
@@ -34,13 +38,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from host import leveling
 from host.devices.board import SOFT_RESET
 from host.devices.golden import GoldenMachine
 from host.image import ImageError
+from host.leveling import ECPIX5_PARAMS, LevelingParams
 from host.protocol import make_output_packet, make_token_packet, merge_streams, parse_output_packet, token_packet_bytes
 from hw import isa
 from hw.boards import link_protocol as lp
-from hw.boards.link_protocol import BoardReg, BoardStatus, DramStatus, TokenFlags, TokenStatus
+from hw.boards.link_protocol import BoardReg, BoardStatus, CtrlStatus, DramStatus, TokenFlags, TokenStatus
 from hw.isa import Counter, Ctrl, ErrorCause, Status, TritPacking
 from hw.params import BuildParams
 
@@ -475,6 +481,179 @@ def fake_pyxrt(core: FakeCore):
 
 
 # ---------------------------------------------------------------------------------------------- ECP5 boards
+#: csr_registers of the generated ECPIX-5 core (hw.dram.generate_core(ECPIX5_CONFIG): csr.json; the test
+#: below checks this copy against a freshly generated core when LiteDRAM is installed)
+ECPIX5_CSRS = {
+    "ddrctrl_init_done": (0x0, 1, "rw"), "ddrctrl_init_error": (0x4, 1, "rw"),
+    "ddrphy_dly_sel": (0x800, 1, "rw"), "ddrphy_rdly_dq_rst": (0x804, 1, "rw"),
+    "ddrphy_rdly_dq_inc": (0x808, 1, "rw"), "ddrphy_rdly_dq_bitslip_rst": (0x80C, 1, "rw"),
+    "ddrphy_rdly_dq_bitslip": (0x810, 1, "rw"), "ddrphy_burstdet_clr": (0x814, 1, "rw"),
+    "ddrphy_burstdet_seen": (0x818, 1, "ro"), "sdram_dfii_control": (0x1000, 1, "rw"),
+    **{f"sdram_dfii_pi{p}_{n}": (0x1004 + 0x20 * p + off, size, kind) for p in range(2)
+       for n, off, size, kind in (("command", 0x0, 1, "rw"), ("command_issue", 0x4, 1, "rw"),
+                                  ("address", 0x8, 1, "rw"), ("baddress", 0xC, 1, "rw"),
+                                  ("wrdata", 0x10, 2, "rw"), ("rddata", 0x18, 2, "ro"))},
+}
+
+
+class ScriptedECP5PHY:
+    """A register-level model of the ECPIX-5 core for read leveling, by CSR name (``read``/``write``).
+
+    It stands for a LiteDRAM ECP5DDRPHY core behind its CSRs: the DFI injector's software path (control,
+    per-phase command/address/bank/wrdata/rddata), a DRAM that stores what is written to an open row, and per
+    lane a read delay (3 bits, wraps like ECP5DDRPHY's ``rdly``) and a bitslip (4 positions, wraps), stepped only
+    for the lanes whose ``dly_sel`` bit is set, as the PHY does. A lane's read data are right only inside a
+    scripted set of (bitslip, delay) settings; elsewhere its byte of every beat comes back inverted. It refuses
+    (``AssertionError``, ``KeyError``) what the hardware would not do sensibly: a command outside software
+    control, a read or write on the wrong phase or to a closed row, a register the generated core does not have.
+    (tests/test_leveling.py; the fake board's control bus, :class:`FakeEcp5Board`.)
+
+    Parameters
+    ----------
+    good : dict of int to set of (int, int)
+        Lane -> the (bitslip, delay) settings at which its read data are right.
+    burst : dict of int to set of (int, int), optional
+        Lane -> settings at which the burst detector fires (default: every setting).
+    flaky : dict of int to set of (int, int), optional
+        Lane -> settings that read right only on every other read (marginal taps at a window's edge).
+    """
+
+    def __init__(self, good, *, burst=None, flaky=None, params: LevelingParams = ECPIX5_PARAMS):
+        self.p = params
+        self.good, self.flaky = good, flaky or {}
+        self.burst = burst
+        self.control = leveling.DFII_CONTROL_SEL
+        self.regs = {name: 0 for name in ECPIX5_CSRS}
+        self.rdly = [0] * params.modules
+        self.bitslip = [0] * params.modules
+        self.open_row = {}          # bank -> row
+        self.mem = {}               # (bank, row, column) -> tuple of phase words
+        self.reads = 0
+        self.log = []               # (event, ...) for checks on how the PHY was driven
+
+    # -- the CSR interface
+    def read(self, name):
+        if name not in ECPIX5_CSRS:
+            raise KeyError(name)
+        if name == "sdram_dfii_control":
+            return self.control
+        return self.regs[name]
+
+    def write(self, name, value):
+        if name not in ECPIX5_CSRS:
+            raise KeyError(name)
+        addr, size, kind = ECPIX5_CSRS[name]
+        assert kind == "rw", f"write to read-only {name}"
+        assert 0 <= value < 1 << (32 * size), (name, value)
+        if name == "sdram_dfii_control":
+            self.control = value
+            self.log.append(("control", value))
+            return
+        self.regs[name] = value
+        sel = self.regs["ddrphy_dly_sel"]
+        lanes = [m for m in range(self.p.modules) if sel >> m & 1]
+        if name.startswith("ddrphy_rdly") or name == "ddrphy_dly_sel":
+            self.log.append((name, value))
+        if name == "ddrphy_rdly_dq_rst":
+            for m in lanes:
+                self.rdly[m] = 0
+        elif name == "ddrphy_rdly_dq_inc":
+            for m in lanes:
+                self.rdly[m] = (self.rdly[m] + 1) % 8
+        elif name == "ddrphy_rdly_dq_bitslip_rst":
+            for m in lanes:
+                self.bitslip[m] = 0
+        elif name == "ddrphy_rdly_dq_bitslip":
+            for m in lanes:
+                self.bitslip[m] = (self.bitslip[m] + 1) % 4
+        elif name == "ddrphy_burstdet_clr":
+            self.regs["ddrphy_burstdet_seen"] = 0
+        elif name.endswith("_command_issue"):
+            self._issue(int(name[len("sdram_dfii_pi")]))
+
+    # -- the DFI command a phase issues
+    def _issue(self, phase):
+        assert self.control == leveling.DFII_CONTROL_SOFTWARE, f"command under control {self.control:#x}"
+        pre = f"sdram_dfii_pi{phase}_"
+        cmd, a, ba = self.regs[pre + "command"], self.regs[pre + "address"], self.regs[pre + "baddress"]
+        ras, cas, we = cmd & leveling.DFII_COMMAND_RAS, cmd & leveling.DFII_COMMAND_CAS, cmd & leveling.DFII_COMMAND_WE
+        assert cmd & leveling.DFII_COMMAND_CS
+        if ras and not cas and not we:
+            assert ba not in self.open_row, "activate of an open bank"
+            self.open_row[ba] = a
+        elif ras and not cas and we:
+            self.open_row.pop(ba, None)
+        elif cas and not ras and we:
+            assert cmd & leveling.DFII_COMMAND_WRDATA and phase == self.p.wrphase, (phase, cmd)
+            assert ba in self.open_row, "write to a closed bank"
+            self.mem[(ba, self.open_row[ba], a)] = tuple(self.regs[f"sdram_dfii_pi{q}_wrdata"]
+                                                         for q in range(self.p.nphases))
+        elif cas and not ras and not we:
+            assert cmd & leveling.DFII_COMMAND_RDDATA and phase == self.p.rdphase, (phase, cmd)
+            assert ba in self.open_row, "read from a closed bank"
+            self._read(self.mem.get((ba, self.open_row[ba], a), (0,) * self.p.nphases))
+        else:
+            raise AssertionError(f"unexpected command {cmd:#x}")
+
+    def _read(self, stored):
+        self.reads += 1
+        out = list(stored)
+        seen = 0
+        for m in range(self.p.modules):
+            setting = (self.bitslip[m], self.rdly[m])
+            right = setting in self.good.get(m, set())
+            if setting in self.flaky.get(m, set()):
+                right = self.reads % 2 == 0
+            if not right:   # invert lane m's byte of every beat: 8 bit errors a beat, whatever the setting
+                for q in range(self.p.nphases):
+                    for k in range(self.p.beats):
+                        out[q] ^= 0xFF << (k * self.p.databits + 8 * m)
+            if self.burst is None or setting in self.burst.get(m, set()):
+                seen |= 1 << m
+        for q in range(self.p.nphases):
+            self.regs[f"sdram_dfii_pi{q}_rddata"] = out[q]
+        self.regs["ddrphy_burstdet_seen"] |= seen
+
+    def lane_right(self, m: int) -> bool:
+        """Whether lane ``m`` reads right at its current setting (the fake board's DRAM reads use it)."""
+        return (self.bitslip[m], self.rdly[m]) in self.good.get(m, set())
+
+
+class CSRWordModel:
+    """:class:`ScriptedECP5PHY` as the core's control bus sees it: 32-bit words at ``csr.json`` byte addresses
+    (:data:`ECPIX5_CSRS`), wide registers most significant word first, a wide write taking effect with its last
+    word (as LiteX's CSR bank does); unmapped words read 0 and ignore writes (LiteX's CSR bus acknowledges
+    every address of its region).
+
+    Attributes
+    ----------
+    pending : dict
+        Wide registers whose first words were written and their last not yet.
+    """
+
+    def __init__(self, phy: ScriptedECP5PHY):
+        self.phy = phy
+        self.by_addr = {addr + 4 * i: (name, size, i) for name, (addr, size, _) in ECPIX5_CSRS.items()
+                        for i in range(size)}
+        self.pending: dict[str, int] = {}
+
+    def read_word(self, addr: int) -> int:
+        if addr not in self.by_addr:
+            return 0
+        name, size, i = self.by_addr[addr]
+        return (self.phy.read(name) >> (32 * (size - 1 - i))) & 0xFFFFFFFF
+
+    def write_word(self, addr: int, value: int) -> None:
+        if addr not in self.by_addr:
+            return
+        name, size, i = self.by_addr[addr]
+        if ECPIX5_CSRS[name][2] == "ro":
+            return
+        self.pending[name] = (self.pending.get(name, 0) << 32) | value if i else value
+        if i == size - 1:
+            self.phy.write(name, self.pending.pop(name))
+
+
 def ecp5_id_values(**over) -> dict[int, int]:
     """The ID block of the committed ECP5 builds (hw.boards.ecp5.DEFAULT_PARAMS), with overrides."""
     from hw.boards import ecp5
@@ -514,9 +693,16 @@ class FakeEcp5Board:
     ----------
     ids : dict, optional
         The core's ID block ``{offset: value}`` (default :func:`ecp5_id_values`).
-    link_version : {1, 2}
+    link_version : {1, 2, 3}
     dram_bytes, clock_hz : int
-        ``BoardReg.DRAM_BYTES`` and ``CLOCK_HZ`` (version 2).
+        ``BoardReg.DRAM_BYTES`` and ``CLOCK_HZ`` (version 2 and 3).
+    hold_port : bool
+        Version 3: the DRAM port is held after configuration until ``PORT_ENABLE`` is written 1 (a DDR3 board);
+        without it ``PORT_ENABLE`` reads 1 and ignores writes.
+    phy : ScriptedECP5PHY, optional
+        Version 3: the controller's registers behind ``'K'``/``'J'`` (else a plain word store, ``ctrl_words``),
+        and the lanes that decide whether DRAM reads come back right (byte ``a`` of the DRAM is lane ``a % 2``
+        of the x16 chip; a lane outside its good settings reads its bytes inverted).
 
     Attributes
     ----------
@@ -530,6 +716,10 @@ class FakeEcp5Board:
         OR-ed into every ``'t'`` status (a refused token then runs nothing) / argmax summary's flags.
     corrupt_writes_at : int or None
         A DRAM byte address whose byte every ``'L'`` covering it stores inverted (a bad memory cell).
+    ctrl_timeout_at : set of int
+        Control-bus byte addresses the controller never acknowledges (``CtrlStatus.TIMEOUT``).
+    ctrl_log : list of (str, int, int)
+        The control-bus accesses that reached the controller: (``"K"`` or ``"J"``, byte address, value).
     board_writes : list of (BoardReg, int)
         The ``'P'`` writes, in order.
     ops : collections.Counter
@@ -537,7 +727,7 @@ class FakeEcp5Board:
     """
 
     def __init__(self, ids=None, *, link_version: int = 1, dram_bytes: int = 32 << 20,
-                 clock_hz: int = 50_000_000):
+                 clock_hz: int = 50_000_000, hold_port: bool = False, phy: ScriptedECP5PHY | None = None):
         import collections
 
         self.ids = ids if ids is not None else ecp5_id_values()
@@ -562,7 +752,42 @@ class FakeEcp5Board:
         self.regs.update({BoardReg.MAGIC: lp.BOARD_MAGIC, BoardReg.LINK_VERSION: link_version,
                           BoardReg.DRAM_BYTES: dram_bytes, BoardReg.CLOCK_HZ: clock_hz,
                           BoardReg.STATUS: int(BoardStatus.DRAM_READY)})
+        self.hold_port = hold_port and link_version >= 3
+        self.phy = phy
+        self.words = CSRWordModel(phy) if phy is not None else None
+        self.ctrl_words: dict[int, int] = {}
+        self.ctrl_timeout_at: set[int] = set()
+        self.ctrl_log: list[tuple[str, int, int]] = []
+        self._burst0 = None              # the leveling's last test burst mirrored into DRAM
+        if link_version >= 3:
+            self._set_port(not self.hold_port)
+            if self.hold_port:
+                self.regs[BoardReg.STATUS] |= int(BoardStatus.PORT_HELD)
         self.reset()
+
+    def _set_port(self, enabled: bool) -> None:
+        self.regs[BoardReg.PORT_ENABLE] = int(enabled)
+        if enabled:
+            self.regs[BoardReg.STATUS] |= int(BoardStatus.PORT_ENABLED)
+        else:
+            self.regs[BoardReg.STATUS] &= ~int(BoardStatus.PORT_ENABLED)
+
+    def _usable(self) -> bool:
+        """The DRAM is initialised and its port enabled (version 2: always enabled)."""
+        st = self.regs[BoardReg.STATUS]
+        return bool(st & BoardStatus.DRAM_READY) and (self.link_version < 3 or bool(st & BoardStatus.PORT_ENABLED))
+
+    def dram_read(self, addr: int, n: int) -> bytes:
+        """DRAM bytes as the controller reads them back: with a :class:`ScriptedECP5PHY`, the bytes of a lane
+        outside its good settings come back inverted."""
+        data = bytearray(self.dram[addr:addr + n])
+        if self.phy is not None:
+            for m in range(self.phy.p.modules):
+                if not self.phy.lane_right(m):
+                    first = (m - addr) % self.phy.p.modules
+                    for i in range(first, n, self.phy.p.modules):
+                        data[i] ^= 0xFF
+        return bytes(data)
 
     def reset(self):
         """The core's reset (``'X'``): state, registers, counters; board registers and DRAM stay."""
@@ -649,9 +874,11 @@ class FakeEcp5Board:
 
     def _parse(self):
         dram_ops = (lp.OP_BOARD_READ, lp.OP_BOARD_WRITE, lp.OP_DRAM_WRITE, lp.OP_DRAM_CRC, lp.OP_TOKEN)
+        ctrl_ops = (lp.OP_CTRL_READ, lp.OP_CTRL_WRITE)
         while self.rx:
             op = self.rx[0]
-            if op not in lp.COMMAND_BYTES or (op in dram_ops and self.link_version < 2):
+            if op not in lp.COMMAND_BYTES or (op in dram_ops and self.link_version < 2) or \
+                    (op in ctrl_ops and self.link_version < 3):
                 self._reply(bytes([lp.REP_UNKNOWN]))
                 del self.rx[:1]
                 continue
@@ -706,7 +933,10 @@ class FakeEcp5Board:
         addr, value = cmd[1], struct.unpack_from("<I", cmd, 2)[0]
         if addr in BoardReg._value2member_map_:
             self.board_writes.append((BoardReg(addr), value))
-        if addr in BoardReg._value2member_map_ and BoardReg(addr) in lp.WRITABLE:
+        if addr == BoardReg.PORT_ENABLE:
+            if self.hold_port:
+                self._set_port(bool(value & 1))
+        elif addr in BoardReg._value2member_map_ and BoardReg(addr) in lp.WRITABLE:
             if addr == BoardReg.STATUS:
                 keep = self.regs[BoardReg.STATUS] & ~int(BoardStatus.IMAGE_VALID)
                 self.regs[BoardReg.STATUS] = keep | (value & int(BoardStatus.IMAGE_VALID))
@@ -715,9 +945,10 @@ class FakeEcp5Board:
         self._reply(bytes([lp.REP_BOARD_WRITE]))
 
     def _dram_ok(self, addr, nbytes) -> int:
+        st = 0 if self._usable() else int(DramStatus.NOT_READY)
         if addr % lp.BEAT_BYTES or nbytes % lp.BEAT_BYTES or addr + nbytes > len(self.dram):
-            return int(DramStatus.BAD_ALIGN)
-        return 0
+            st |= int(DramStatus.BAD_ALIGN)
+        return st
 
     def _op_L(self, cmd):
         addr = struct.unpack_from("<I", cmd, 1)[0]
@@ -735,7 +966,7 @@ class FakeEcp5Board:
     def _op_C(self, cmd):
         addr, nbytes = struct.unpack_from("<II", cmd, 1)
         st = self._dram_ok(addr, nbytes)
-        crc = 0 if st else zlib.crc32(memoryview(self.dram)[addr:addr + nbytes])
+        crc = 0 if st else zlib.crc32(self.dram_read(addr, nbytes))
         self._reply(bytes([lp.REP_DRAM_CRC]), struct.pack("<IB", crc, st))
 
     def _op_T(self, cmd):
@@ -744,7 +975,9 @@ class FakeEcp5Board:
         regs[BoardReg.TOKENS] = (regs[BoardReg.TOKENS] + 1) & 0xFFFFFFFF
         hidden, vocab = regs[BoardReg.EMBED_HIDDEN], regs[BoardReg.EMBED_VOCAB]
         st = self.force_token_status
-        if not regs[BoardReg.STATUS] & BoardStatus.IMAGE_VALID:
+        if not self._usable():
+            st |= TokenStatus.NOT_READY
+        elif not regs[BoardReg.STATUS] & BoardStatus.IMAGE_VALID:
             st |= TokenStatus.NO_IMAGE
         elif token >= vocab:
             st |= TokenStatus.BAD_TOKEN
@@ -754,10 +987,10 @@ class FakeEcp5Board:
             self._reply(bytes([lp.REP_TOKEN, int(st)]))
             return
         base = regs[BoardReg.EMBED_BASE] + 4 * token * hidden
-        row = np.frombuffer(bytes(self.dram[base:base + 4 * hidden]), dtype="<i4")
+        row = np.frombuffer(self.dram_read(base, 4 * hidden), dtype="<i4")
         logits = bool(flags & TokenFlags.LOGITS)
         packet = make_token_packet(row, position=pos, logits=logits)
-        image = bytes(self.dram[regs[BoardReg.IMAGE_BASE]:regs[BoardReg.IMAGE_BASE] + regs[BoardReg.IMAGE_BYTES]])
+        image = self.dram_read(regs[BoardReg.IMAGE_BASE], regs[BoardReg.IMAGE_BYTES])
         out = self._execute(packet, image)
         if out is None:
             self._reply(bytes([lp.REP_TOKEN, int(TokenStatus.CORE_ERROR)]))
@@ -768,6 +1001,52 @@ class FakeEcp5Board:
             position, argmax, tap = argmax_summary(out)
             self._reply(bytes([lp.REP_TOKEN, 0]))
             self._output(struct.pack("<3I", position, argmax, tap | self.force_tap_flags))
+
+    # the DRAM controller's control bus (link version 3)
+    def _ctrl_status(self, addr) -> int:
+        st = 0
+        if not self.regs[BoardReg.STATUS] & (BoardStatus.DRAM_READY | BoardStatus.DRAM_INIT_ERROR):
+            st |= int(CtrlStatus.BUSY)
+        if addr % 4 or addr >= lp.CTRL_BYTES:
+            st |= int(CtrlStatus.BAD_ADDR)
+        if not st and addr in self.ctrl_timeout_at:
+            st = int(CtrlStatus.TIMEOUT)
+        return st
+
+    def _op_K(self, cmd):
+        addr = struct.unpack_from("<I", cmd, 1)[0]
+        st = self._ctrl_status(addr)
+        value = 0
+        if not st:
+            value = self.words.read_word(addr) if self.words is not None else self.ctrl_words.get(addr, 0)
+            self.ctrl_log.append(("K", addr, value))
+        self._reply(bytes([lp.REP_CTRL_READ, st]), struct.pack("<I", value))
+
+    def _op_J(self, cmd):
+        addr, value = struct.unpack_from("<II", cmd, 1)
+        st = self._ctrl_status(addr)
+        if not st:
+            self.ctrl_log.append(("J", addr, value))
+            if self.words is not None:
+                self.words.write_word(addr, value)
+                self._mirror_burst0()
+            else:
+                self.ctrl_words[addr] = value
+        self._reply(bytes([lp.REP_CTRL_WRITE, st]))
+
+    def _mirror_burst0(self):
+        """A burst the DFI injector wrote to bank 0, row 0, column 0 is the user port's word 0: DRAM bytes 0-15
+        (phase 0 carries beats 0-3, phase 1 beats 4-7, 16 bits a beat)."""
+        burst = self.phy.mem.get((0, 0, 0))
+        if burst is None or burst == self._burst0:
+            return
+        self._burst0 = burst
+        p = self.phy.p
+        out = bytearray()
+        for word in burst:
+            for k in range(p.beats):
+                out += ((word >> (k * p.databits)) & ((1 << p.databits) - 1)).to_bytes(p.databits // 8, "little")
+        self.dram[:len(out)] = out
 
     # the core
     def _execute(self, packet: bytes, image: bytes) -> bytes | None:

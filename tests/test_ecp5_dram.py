@@ -5,8 +5,11 @@ The fake speaks hw/boards/link_protocol.py byte for byte. Its ``'T'`` reads the 
 its own DRAM at the addresses in its board registers, which only the host's load put there, builds the token
 packet (host.protocol.make_token_packet) and runs it on the golden machine: a wrong layout, a missing block or
 a wrong register gives wrong logits or an error, not a pass. Greedy decoding compares with the golden device
-on the shipped model, compiled for the ECP5 builds' one 64-bit channel. What is not here: the board's
-gateware (hw/boards/dram_board.py, its own tests), a real serial port and FTDI chip, link timing.
+on the shipped model, compiled for the ECP5 builds' one 64-bit channel. Link version 3 (a DDR3 board): read
+leveling over the control bus against the fake's scripted PHY (board_fakes.ScriptedECP5PHY), whose lanes decide
+whether the fake's DRAM reads back right, so tokens run only after a leveling that found every window. What is
+not here: the board's gateware (hw/boards/dram_board.py, its own tests), a real serial port and FTDI chip, link
+timing, a real DDR3 PHY.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from board_fakes import FakeEcp5Board, argmax_summary, ecp5_id_values
+from board_fakes import ECPIX5_CSRS, FakeEcp5Board, ScriptedECP5PHY, argmax_summary, ecp5_id_values
 
 from host.bundle import read_bundle
 from host.cli import main as mmfree
 from host.devices import DeviceError, ecp5
 from host.devices.driver import SummaryFlags
 from host.devices.ecp5 import (
+    CTRL_WINDOW,
     DRAM_BLOCK_BYTES,
     TABLE_ALIGN,
     TOKEN_WIRE_BYTES,
+    ControlBus,
     Ecp5Device,
     LinkError,
     UartLink,
@@ -46,7 +51,7 @@ from host.image import const_section_bytes, parse_image
 from host.protocol import CoreError, DeviceTimeout, make_output_packet, parse_output_packet
 from hw import isa
 from hw.boards import link_protocol as lp
-from hw.boards.link_protocol import BoardReg, BoardStatus, TokenStatus
+from hw.boards.link_protocol import BoardReg, BoardStatus, CtrlStatus, TokenStatus
 from hw.isa import ErrorCause, Opcode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -335,8 +340,8 @@ def test_boards_that_cannot_take_the_bundle(bundle):
     with pytest.raises(DeviceError, match="failed to initialise"):
         _device(failed).load(bundle)
     newer = FakeEcp5Board(link_version=2)
-    newer.regs[BoardReg.LINK_VERSION] = 3
-    with pytest.raises(DeviceError, match="link protocol version 3"):
+    newer.regs[BoardReg.LINK_VERSION] = lp.LINK_VERSION + 1
+    with pytest.raises(DeviceError, match=f"link protocol version {lp.LINK_VERSION + 1}, this host versions 2 and 3"):
         _device(newer).load(bundle)
     with pytest.raises(DeviceError, match="stream-only"):
         dev = _device(FakeEcp5Board(link_version=1))
@@ -435,6 +440,196 @@ def test_cli_board_errors(bundle_path, on_port):
     assert rc == 2 and "is the board connected" in err
 
 
+# ------------------------------------------------------------------------------------------------ read leveling
+def _window(bitslip, lo, hi):
+    return {(bitslip, d) for d in range(lo, hi + 1)}
+
+
+#: the fake DDR3 board's lanes: lane 0 reads right at bitslip 1, taps 2-6; lane 1 at bitslip 2, taps 0-3 (neither
+#: at the PHY's reset setting, bitslip 0 and tap 0: before leveling every read comes back wrong)
+GOOD = {0: _window(1, 2, 6), 1: _window(2, 0, 3)}
+
+
+def ddr3_board(good=None, **kw) -> FakeEcp5Board:
+    return FakeEcp5Board(link_version=3, hold_port=True, phy=ScriptedECP5PHY(dict(GOOD if good is None else good)),
+                         **kw)
+
+
+@pytest.fixture
+def csr_json(tmp_path) -> Path:
+    """The ECPIX-5 core's csr.json (the generated core's map: tests/test_leveling.py checks the copy)."""
+    path = tmp_path / "csr.json"
+    path.write_text(json.dumps({"csr_registers": {k: {"addr": a, "size": n, "type": t}
+                                                  for k, (a, n, t) in ECPIX5_CSRS.items()}}))
+    return path
+
+
+def test_control_bus_words_and_refusals():
+    board = FakeEcp5Board(link_version=3)
+    link = UartLink(board, timeout=1.0)
+    link.ctrl_write(0x800, 0xA5A5A5A5)
+    assert link.ctrl_read(0x800) == 0xA5A5A5A5 and link.ctrl_read(0x804) == 0
+    assert board.ctrl_log == [("J", 0x800, 0xA5A5A5A5), ("K", 0x800, 0xA5A5A5A5), ("K", 0x804, 0)]
+    sent = board.received
+    for bad in (2, lp.CTRL_BYTES, -4):                              # refused by the host: nothing sent
+        with pytest.raises(ValueError, match="control-bus address"):
+            link.ctrl_read(bad)
+    with pytest.raises(ValueError, match="32 bits"):
+        link.ctrl_write(0x800, 1 << 32)
+    assert board.received == sent
+    board.ctrl_timeout_at = {0x818}
+    with pytest.raises(DeviceError, match=r"read at 0x0818 failed: TIMEOUT \(the DRAM controller did not acknowledge"):
+        link.ctrl_read(0x818)
+    board.regs[BoardReg.STATUS] &= ~int(BoardStatus.DRAM_READY)
+    with pytest.raises(DeviceError, match="write at 0x0800 failed: BUSY .*power-up sequence"):
+        link.ctrl_write(0x800, 1)
+    board.regs[BoardReg.STATUS] |= int(BoardStatus.DRAM_INIT_ERROR)  # the host may inspect a failed power-up
+    assert link.ctrl_read(0x800) == 0xA5A5A5A5
+    assert link.board_read(BoardReg.MAGIC) == lp.BOARD_MAGIC        # the link goes on
+    assert CtrlStatus.BUSY | CtrlStatus.TIMEOUT | CtrlStatus.BAD_ADDR == 7
+
+
+def test_control_bus_posts_writes_and_reports_the_failed_one():
+    board = FakeEcp5Board(link_version=3)
+    link = UartLink(board, timeout=1.0)
+    unanswered = []
+    real_send = link._send_ctrl_write
+
+    def send(addr, value):
+        real_send(addr, value)
+        unanswered.append(board.received - board.ops["J"] * 9 - board.ops["K"] * 5)
+
+    link._send_ctrl_write = send
+    with ControlBus(link, window=8) as bus:
+        for i in range(40):
+            bus.write_word(0x1000 + 4 * (i % 4), i)
+        assert len(bus._posted) == 8                                   # at most the window unanswered
+        assert bus.read_word(0x100C) == 39 and not bus._posted        # a read sees every write before it
+    assert [v for op, _, v in board.ctrl_log if op == "J"] == list(range(40)) and bus.writes == 40
+    board.ctrl_timeout_at = {0x1008}
+    bus = ControlBus(link)
+    for i in range(6):
+        bus.write_word(0x1000 + 4 * (i % 4), 100 + i)
+    with pytest.raises(DeviceError, match="write at 0x1008 failed: TIMEOUT"):
+        bus.flush()
+    assert not bus._posted and link.ctrl_read(0x100C) == 103            # all replies taken: the link is in step
+    assert CTRL_WINDOW * (1 + lp.COMMAND_BYTES[lp.OP_CTRL_WRITE]) <= lp.RX_FIFO_BYTES
+
+
+def test_leveling_enables_the_port_and_tokens_run(bundle, golden, csr_json):
+    """A DDR3 board: the port held after configuration (load refused, nothing written), leveling finds each lane's
+    window and leaves the PHY at its centre, the port enabled; then the bundle loads and tokens equal the golden
+    device's (the fake's DRAM reads back right only through lanes inside their windows)."""
+    from host.leveling import load_csr_map
+
+    board = ddr3_board()
+    with _device(board) as dev:
+        dev.connect()
+        assert dev.link_version == 3 and not dev.transport.port_enabled()
+        with pytest.raises(DeviceError, match="holds its DRAM port until read leveling has run"):
+            dev.load(bundle)
+        assert board.ops["L"] == 0 and board.ops["K"] == 0
+        result = dev.level(load_csr_map(csr_json))
+        assert [(r.bitslip, r.delay, r.window) for r in result.lanes] == [(1, 4, (2, 6)), (2, 1, (0, 3))]
+        assert board.phy.bitslip == [1, 2] and board.phy.rdly == [4, 1]
+        assert board.phy.control == 1                                  # the DFII back under the controller
+        assert board.regs[BoardReg.PORT_ENABLE] == 1 and dev.transport.port_enabled()
+        assert dev.counters()["ctrl_writes"] > dev.counters()["ctrl_reads"] > 0            # writes are posted
+        dev.load(bundle)
+        assert np.array_equal(dev.step(TOKEN_IDS[0]), golden["logits"][0])
+        assert dev.step_argmax(TOKEN_IDS[1]) == int(np.argmax(golden["logits"][1]))
+
+
+def test_without_leveling_the_fake_dram_reads_wrong(bundle):
+    """The control for the test above: the same lanes left at their reset setting (a board that does not hold its
+    port, so the load runs) do not keep the bundle."""
+    board = FakeEcp5Board(link_version=3, phy=ScriptedECP5PHY(dict(GOOD)))
+    with _device(board) as dev, pytest.raises(DeviceError, match="does not keep what was written"):
+        dev.load(bundle)
+
+
+def test_cli_board_level(bundle_path, bundle, on_port, csr_json, golden):
+    board = on_port(ddr3_board())
+    rc, out, err = _cli(["board", "status"])
+    assert rc == 0 and "held until read leveling has run" in out
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    assert rc == 2 and "mmfree board level" in err and board.ops["L"] == 0
+    rc, out, err = _cli(["board", "level"])
+    assert rc == 2 and "needs the CSR map" in err and board.ops["J"] == 0
+    rc, out, err = _cli(["board", "level", "--csr", str(csr_json.parent / "missing.json")])
+    assert rc == 2 and "CSR map not found" in err
+    rc, out, err = _cli(["board", "level", "--csr", str(csr_json)])
+    assert rc == 0, err
+    assert "not run on hardware" in out and "m0 b1: |xx.....x| window 2-6" in out
+    assert "m0: bitslip 1, delay 4 (window 2-6 of 8 taps)" in out and "m1: bitslip 2, delay 1" in out
+    assert "DRAM port enabled" in out and "IMAGE_VALID cleared" in err
+    rc, out, err = _cli(["board", "status"])
+    assert rc == 0 and "enabled (read leveling has run)" in out
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    assert rc == 0, err
+    rc, out, err = _cli(["selftest", "--image", str(bundle_path), "--device", "ecp5", "--token-ids", "1,42"])
+    assert rc == 0 and "selftest PASS" in out, out + err
+    # leveling again (from the environment's map) clobbers the DRAM's first burst: the next load rewrites one block
+    os.environ["MMFREE_ECP5_CSR"] = str(csr_json)
+    try:
+        rc, out, err = _cli(["board", "level"])
+    finally:
+        del os.environ["MMFREE_ECP5_CSR"]
+    assert rc == 0, err
+    layout, data = dram_contents(bundle.image, bundle.embeddings)
+    assert bytes(board.dram[:16]) != data[:16] and bytes(board.dram[16:64]) == data[16:64]
+    rc, out, err = _cli(["board", "status", "--image", str(bundle_path)])
+    assert rc == 1 and "none valid" in out
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    n = len(_blocks(layout))
+    assert rc == 0 and f"1 of {n} blocks" in out, out + err
+
+
+def test_cli_board_level_without_a_window(csr_json, on_port, bundle_path):
+    """A lane with no working setting: the error names it, the scans are printed, the port stays held; a board
+    whose earlier leveling had enabled the port is held again by a failing one."""
+    board = on_port(ddr3_board())
+    assert _cli(["board", "level", "--csr", str(csr_json)])[0] == 0 and board.regs[BoardReg.PORT_ENABLE] == 1
+    board.phy.good[1] = set()                                          # lane 1 lost every window
+    rc, out, err = _cli(["board", "level", "--csr", str(csr_json)])
+    assert rc == 1
+    assert "module 1 has no working read delay at any of 4 bitslips" in err and "port stays held" in err
+    assert "read leveling FAILED" in out and "m1 b0: |xxxxxxxx|" in out and "m1 b3: |xxxxxxxx|" in out
+    assert board.regs[BoardReg.PORT_ENABLE] == 0 and board.phy.control == 1
+    rc, out, err = _cli(["board", "load", "--image", str(bundle_path)])
+    assert rc == 2 and "holds its DRAM port" in err
+
+
+def test_cli_board_level_refuses_a_map_without_the_phy(tmp_path, on_port):
+    """The ULX3S core's map (no ddrphy registers): refused before the board is touched."""
+    board = on_port(ddr3_board())
+    sdr = {k: {"addr": a, "size": n, "type": t} for k, (a, n, t) in ECPIX5_CSRS.items() if not k.startswith("ddrphy")}
+    (tmp_path / "sdr.json").write_text(json.dumps({"csr_registers": sdr}))
+    rc, out, err = _cli(["board", "level", "--csr", str(tmp_path / "sdr.json")])
+    assert rc == 2 and "the CSR map has no ddrphy_burstdet_clr" in err
+    assert board.ops["J"] == board.ops["K"] == 0 and (BoardReg.PORT_ENABLE, 0) not in board.board_writes
+
+
+def test_a_version_2_board_cannot_level_and_still_runs_tokens(bundle_path, on_port, csr_json):
+    board = on_port(FakeEcp5Board(link_version=2))
+    rc, out, err = _cli(["board", "level", "--csr", str(csr_json)])
+    assert rc == 2 and "read leveling needs a bitstream of link version 3" in err and "speaks version 2" in err
+    assert "K" not in board.ops and "J" not in board.ops
+    rc, out, err = _cli(["board", "status"])
+    assert rc == 0 and "enabled (link version 2" in out
+    assert _cli(["board", "load", "--image", str(bundle_path)])[0] == 0
+    args = ["generate", "--image", str(bundle_path), "--prompt", PROMPT, "--max-new-tokens", "4", "--temperature",
+            "0", "--repetition-penalty", "1"]
+    rc, want, err = _cli([*args, "--device", "golden"])
+    assert rc == 0, err
+    rc, got, err = _cli([*args, "--device", "ecp5"])
+    assert rc == 0 and got == want, (got, err)
+    with _device(board) as dev:
+        dev.connect()
+        with pytest.raises(DeviceError, match="link version 3"):
+            dev.ctrl_read(0x800)
+
+
 # ------------------------------------------------------------------------------------------------ no Amaranth
 CHILD = r"""
 import json, sys
@@ -444,19 +639,24 @@ runtime_only.install_blocker()
 fakes = runtime_only._load_board_fakes()
 spec = json.loads(sys.argv[2])
 from host.devices import ecp5
-board = fakes.FakeEcp5Board({int(k): v for k, v in spec["ids"].items()}, link_version=2)
+good = {int(m): {tuple(s) for s in v} for m, v in spec["good"].items()}
+board = fakes.FakeEcp5Board({int(k): v for k, v in spec["ids"].items()}, link_version=3, hold_port=True,
+                            phy=fakes.ScriptedECP5PHY(good))
 ecp5.open_port = lambda name, baud, timeout: board
-runs = {" ".join(a[:2]): runtime_only._cli(a) for a in (["board", "info"], ["board", "load", "--image", spec["bundle"]],
+runs = {" ".join(a[:2]): runtime_only._cli(a) for a in (["board", "level", "--csr", spec["csr"]], ["board", "info"],
+                                                        ["board", "load", "--image", spec["bundle"]],
                                                         ["board", "status", "--image", spec["bundle"]])}
 print(json.dumps({"runs": runs, "blocked_loaded": runtime_only.blocked_modules_loaded(),
                   "valid": bool(board.regs[fakes.BoardReg.STATUS] & fakes.BoardStatus.IMAGE_VALID)}))
 """
 
 
-def test_the_board_host_path_runs_without_amaranth(bundle_path):
-    """``mmfree board info/load/status`` with Amaranth, numba, torch and the compiler blocked (tests/runtime_only.py):
-    the DRAM board's host side needs none of them. (Tokens need the fake's golden machine, which needs numba.)"""
-    spec = {"ids": ecp5_id_values(), "bundle": str(bundle_path)}
+def test_the_board_host_path_runs_without_amaranth(bundle_path, csr_json):
+    """``mmfree board level/info/load/status`` on a DDR3 board with Amaranth, numba, torch and the compiler blocked
+    (tests/runtime_only.py): the DRAM board's host side, leveling included, needs none of them. (Tokens need the
+    fake's golden machine, which needs numba.)"""
+    spec = {"ids": ecp5_id_values(), "bundle": str(bundle_path), "csr": str(csr_json),
+            "good": {m: sorted(v) for m, v in GOOD.items()}}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "tests"), json.dumps(spec)], capture_output=True,
                           text=True, timeout=300, env=env, cwd=ROOT)
@@ -465,7 +665,8 @@ def test_the_board_host_path_runs_without_amaranth(bundle_path):
     assert res["blocked_loaded"] == []
     for name, run in res["runs"].items():
         assert run["rc"] == 0, (name, run["stderr"])
-    assert "version 2 (DRAM board" in res["runs"]["board info"]["stdout"]
+    assert "m1: bitslip 2, delay 1" in res["runs"]["board level"]["stdout"]
+    assert "version 3 (DRAM board" in res["runs"]["board info"]["stdout"]
     assert "held by the board" in res["runs"]["board status"]["stdout"] and res["valid"]
 
 

@@ -1,145 +1,23 @@
 """host.leveling: the host-driven read leveling of the ECPIX-5's DDR3 PHY against a scripted register model.
 
-The model (:class:`ScriptedECP5PHY`) stands for a LiteDRAM ECP5DDRPHY core behind its CSRs: the DFI injector's
-software path (control, per-phase command/address/bank/wrdata/rddata), a DRAM that stores what is written to an
-open row, and per lane a read delay (3 bits, wraps like ECP5DDRPHY's ``rdly``) and a bitslip (4 positions, wraps),
-stepped only for the lanes whose ``dly_sel`` bit is set, as the PHY does. A lane's read data are right only
-inside a scripted set of (bitslip, delay) settings; elsewhere they come back corrupted. It refuses what the
-hardware would not do sensibly (a command outside software control, a read or write on the wrong phase or to a
-closed row, a register the generated core does not have), so the procedure is checked for how it drives the
-PHY as well as for the setting it picks. Not run on hardware.
+The model (:class:`board_fakes.ScriptedECP5PHY`, shared with the fake ECP5 board's control bus in
+tests/test_ecp5_dram.py) stands for a LiteDRAM ECP5DDRPHY core behind its CSRs: the DFI injector's software path
+(control, per-phase command/address/bank/wrdata/rddata), a DRAM that stores what is written to an open row, and
+per lane a read delay (3 bits, wraps like ECP5DDRPHY's ``rdly``) and a bitslip (4 positions, wraps), stepped only
+for the lanes whose ``dly_sel`` bit is set, as the PHY does. A lane's read data are right only inside a scripted
+set of (bitslip, delay) settings; elsewhere they come back corrupted. It refuses what the hardware would not do
+sensibly (a command outside software control, a read or write on the wrong phase or to a closed row, a register
+the generated core does not have), so the procedure is checked for how it drives the PHY as well as for the
+setting it picks. Not run on hardware.
 """
 
 from __future__ import annotations
 
 import pytest
+from board_fakes import ECPIX5_CSRS, CSRWordModel, ScriptedECP5PHY
 
 from host import leveling
 from host.leveling import ECPIX5_PARAMS, CSRBus, LevelingError, LevelingParams, read_leveling
-
-#: csr_registers of the generated ECPIX-5 core (hw.dram.generate_core(ECPIX5_CONFIG): csr.json; the test
-#: below checks this copy against a freshly generated core when LiteDRAM is installed)
-ECPIX5_CSRS = {
-    "ddrctrl_init_done": (0x0, 1, "rw"), "ddrctrl_init_error": (0x4, 1, "rw"),
-    "ddrphy_dly_sel": (0x800, 1, "rw"), "ddrphy_rdly_dq_rst": (0x804, 1, "rw"),
-    "ddrphy_rdly_dq_inc": (0x808, 1, "rw"), "ddrphy_rdly_dq_bitslip_rst": (0x80C, 1, "rw"),
-    "ddrphy_rdly_dq_bitslip": (0x810, 1, "rw"), "ddrphy_burstdet_clr": (0x814, 1, "rw"),
-    "ddrphy_burstdet_seen": (0x818, 1, "ro"), "sdram_dfii_control": (0x1000, 1, "rw"),
-    **{f"sdram_dfii_pi{p}_{n}": (0x1004 + 0x20 * p + off, size, kind) for p in range(2)
-       for n, off, size, kind in (("command", 0x0, 1, "rw"), ("command_issue", 0x4, 1, "rw"),
-                                  ("address", 0x8, 1, "rw"), ("baddress", 0xC, 1, "rw"),
-                                  ("wrdata", 0x10, 2, "rw"), ("rddata", 0x18, 2, "ro"))},
-}
-
-
-class ScriptedECP5PHY:
-    """A register-level model of the ECPIX-5 core for read leveling (module docstring).
-
-    Parameters
-    ----------
-    good : dict of int to set of (int, int)
-        Lane -> the (bitslip, delay) settings at which its read data are right.
-    burst : dict of int to set of (int, int), optional
-        Lane -> settings at which the burst detector fires (default: every setting).
-    flaky : dict of int to set of (int, int), optional
-        Lane -> settings that read right only on every other read (marginal taps at a window's edge).
-    """
-
-    def __init__(self, good, *, burst=None, flaky=None, params: LevelingParams = ECPIX5_PARAMS):
-        self.p = params
-        self.good, self.flaky = good, flaky or {}
-        self.burst = burst
-        self.control = leveling.DFII_CONTROL_SEL
-        self.regs = {name: 0 for name in ECPIX5_CSRS}
-        self.rdly = [0] * params.modules
-        self.bitslip = [0] * params.modules
-        self.open_row = {}          # bank -> row
-        self.mem = {}               # (bank, row, column) -> tuple of phase words
-        self.reads = 0
-        self.log = []               # (event, ...) for checks on how the PHY was driven
-
-    # -- the CSR interface
-    def read(self, name):
-        if name not in ECPIX5_CSRS:
-            raise KeyError(name)
-        if name == "sdram_dfii_control":
-            return self.control
-        return self.regs[name]
-
-    def write(self, name, value):
-        if name not in ECPIX5_CSRS:
-            raise KeyError(name)
-        addr, size, kind = ECPIX5_CSRS[name]
-        assert kind == "rw", f"write to read-only {name}"
-        assert 0 <= value < 1 << (32 * size), (name, value)
-        if name == "sdram_dfii_control":
-            self.control = value
-            self.log.append(("control", value))
-            return
-        self.regs[name] = value
-        sel = self.regs["ddrphy_dly_sel"]
-        lanes = [m for m in range(self.p.modules) if sel >> m & 1]
-        if name.startswith("ddrphy_rdly") or name == "ddrphy_dly_sel":
-            self.log.append((name, value))
-        if name == "ddrphy_rdly_dq_rst":
-            for m in lanes:
-                self.rdly[m] = 0
-        elif name == "ddrphy_rdly_dq_inc":
-            for m in lanes:
-                self.rdly[m] = (self.rdly[m] + 1) % 8
-        elif name == "ddrphy_rdly_dq_bitslip_rst":
-            for m in lanes:
-                self.bitslip[m] = 0
-        elif name == "ddrphy_rdly_dq_bitslip":
-            for m in lanes:
-                self.bitslip[m] = (self.bitslip[m] + 1) % 4
-        elif name == "ddrphy_burstdet_clr":
-            self.regs["ddrphy_burstdet_seen"] = 0
-        elif name.endswith("_command_issue"):
-            self._issue(int(name[len("sdram_dfii_pi")]))
-
-    # -- the DFI command a phase issues
-    def _issue(self, phase):
-        assert self.control == leveling.DFII_CONTROL_SOFTWARE, f"command under control {self.control:#x}"
-        pre = f"sdram_dfii_pi{phase}_"
-        cmd, a, ba = self.regs[pre + "command"], self.regs[pre + "address"], self.regs[pre + "baddress"]
-        ras, cas, we = cmd & leveling.DFII_COMMAND_RAS, cmd & leveling.DFII_COMMAND_CAS, cmd & leveling.DFII_COMMAND_WE
-        assert cmd & leveling.DFII_COMMAND_CS
-        if ras and not cas and not we:
-            assert ba not in self.open_row, "activate of an open bank"
-            self.open_row[ba] = a
-        elif ras and not cas and we:
-            self.open_row.pop(ba, None)
-        elif cas and not ras and we:
-            assert cmd & leveling.DFII_COMMAND_WRDATA and phase == self.p.wrphase, (phase, cmd)
-            assert ba in self.open_row, "write to a closed bank"
-            self.mem[(ba, self.open_row[ba], a)] = tuple(self.regs[f"sdram_dfii_pi{q}_wrdata"]
-                                                         for q in range(self.p.nphases))
-        elif cas and not ras and not we:
-            assert cmd & leveling.DFII_COMMAND_RDDATA and phase == self.p.rdphase, (phase, cmd)
-            assert ba in self.open_row, "read from a closed bank"
-            self._read(self.mem.get((ba, self.open_row[ba], a), (0,) * self.p.nphases))
-        else:
-            raise AssertionError(f"unexpected command {cmd:#x}")
-
-    def _read(self, stored):
-        self.reads += 1
-        out = list(stored)
-        seen = 0
-        for m in range(self.p.modules):
-            setting = (self.bitslip[m], self.rdly[m])
-            right = setting in self.good.get(m, set())
-            if setting in self.flaky.get(m, set()):
-                right = self.reads % 2 == 0
-            if not right:   # invert lane m's byte of every beat: 8 bit errors a beat, whatever the setting
-                for q in range(self.p.nphases):
-                    for k in range(self.p.beats):
-                        out[q] ^= 0xFF << (k * self.p.databits + 8 * m)
-            if self.burst is None or setting in self.burst.get(m, set()):
-                seen |= 1 << m
-        for q in range(self.p.nphases):
-            self.regs[f"sdram_dfii_pi{q}_rddata"] = out[q]
-        self.regs["ddrphy_burstdet_seen"] |= seen
 
 
 def _window(bitslip, lo, hi):
@@ -269,27 +147,13 @@ def test_csr_bus_splits_wide_registers_most_significant_first():
 def test_leveling_through_the_csr_bus():
     """The procedure over CSRBus over word accesses reaches the same PHY state as over names directly."""
     phy = ScriptedECP5PHY({0: _window(3, 1, 4), 1: _window(1, 5, 7)})
-    by_addr = {}
-    for name, (addr, size, _) in ECPIX5_CSRS.items():
-        for i in range(size):
-            by_addr[addr + 4 * i] = (name, size, i)
-    pending = {}
-
-    def read_word(a):
-        name, size, i = by_addr[a]
-        return (phy.read(name) >> (32 * (size - 1 - i))) & 0xFFFFFFFF
-
-    def write_word(a, v):   # a wide register takes effect with its last word, as LiteX's CSR bank does
-        name, size, i = by_addr[a]
-        pending[name] = (pending.get(name, 0) << 32) | v if i else v
-        if i == size - 1:
-            phy.write(name, pending.pop(name))
-
+    words = CSRWordModel(phy)
     bus = CSRBus({k: {"addr": a, "size": s, "type": t} for k, (a, s, t) in ECPIX5_CSRS.items()},
-                 read_word, write_word)
+                 words.read_word, words.write_word)
     result = read_leveling(bus)
     assert [(r.bitslip, r.delay) for r in result.lanes] == [(3, 2), (1, 6)]
     assert phy.bitslip == [3, 1] and phy.rdly == [2, 6]
+    assert not words.pending                    # every wide write completed with its last word
 
 
 def test_dfii_constants_are_litedrams():
@@ -322,3 +186,24 @@ def test_scripted_model_has_the_generated_cores_registers(tmp_path):
     assert {k: (v["addr"], v["size"], v["type"]) for k, v in regs.items()} == ECPIX5_CSRS
     assert LevelingParams.from_phy_settings(dram.hardware_settings(dram.ECPIX5_CONFIG)["phy"]) == ECPIX5_PARAMS
     assert set(leveling.required_csrs(ECPIX5_PARAMS)) <= set(CSRBus(core.directory / "csr.json", None, None).names)
+
+
+def test_load_csr_map_takes_a_csr_json_or_a_report(tmp_path):
+    import json
+
+    regs = {k: {"addr": a, "size": s, "type": t} for k, (a, s, t) in ECPIX5_CSRS.items()}
+    (tmp_path / "csr.json").write_text(json.dumps({"csr_bases": {}, "csr_registers": regs, "constants": {}}))
+    assert leveling.load_csr_map(tmp_path / "csr.json") == regs
+    (tmp_path / "report.json").write_text(json.dumps({"board": "ecpix5-85f", "litedram": {"csr_registers": regs}}))
+    assert leveling.load_csr_map(str(tmp_path / "report.json")) == regs
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        leveling.load_csr_map(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        leveling.load_csr_map(tmp_path / "bad.json")
+    (tmp_path / "old.json").write_text(json.dumps({"board": "ulx3s-85f", "litedram": {"core": "litedram_ulx3s"}}))
+    with pytest.raises(ValueError, match="no register map"):
+        leveling.load_csr_map(tmp_path / "old.json")
+    (tmp_path / "odd.json").write_text(json.dumps({"csr_registers": {"ddrphy_dly_sel": {"addr": "0x800", "size": 1}}}))
+    with pytest.raises(ValueError, match="'ddrphy_dly_sel' needs integer 'addr'"):
+        leveling.load_csr_map(tmp_path / "odd.json")

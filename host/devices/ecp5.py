@@ -3,14 +3,17 @@ protocol (:mod:`hw.boards.link_protocol`, pure Python: this module imports witho
 
 Two kinds of bitstream answer on the port, told apart on connect by a board-register read (``'G'``):
 
-* **DRAM boards** (link version 2, :mod:`hw.boards.dram_board`; the ULX3S's
-  ``bitstreams/ulx3s-85f/ulx3s-85f.bit``): the model image and the embedding table live in the board's
+* **DRAM boards** (link version 2 or 3, :mod:`hw.boards.dram_board`; the ULX3S's
+  ``bitstreams/ulx3s-85f/ulx3s-85f.bit`` speaks version 2): the model image and the embedding table live in the board's
   DRAM, **loaded once** (:meth:`Ecp5Transport.load_model`: block CRCs compared, only differing blocks written,
   so a load interrupted by a dropped link restarts where it stopped; a reconnect finds the board's
   ``IMAGE_CHECKSUM`` naming the bundle and skips the load). Per token the link carries a ``'T'`` command
   (token id and position, 10 bytes) and its ``'t'`` reply, then either the whole output packet (``'o'``
   frames, when the logits are asked for) or, for greedy decoding, the 3-word argmax summary
   (:meth:`~host.devices.base.Device.step_argmax`): 30 bytes on the wire per token, 12 of them the summary.
+  Version 3 adds the DRAM controller's control bus (``'K'``/``'J'``: :meth:`UartLink.ctrl_read`,
+  :class:`ControlBus`) and the port enable, for the host's read leveling of a DDR3 board
+  (:meth:`Ecp5Transport.level`, :mod:`host.leveling`; **not run on hardware**).
 * **Stream-only boards** (link version 1: the first ECP5 builds; the ECPIX-5's
   ``bitstreams/ecpix5-85f/ecpix5-85f.bit`` until it has a DRAM build): they answer ``'?'`` to ``'G'``. Per token the
   host sends the token packet (the golden device's, byte for byte) and then the whole model image through ``'S'``,
@@ -51,10 +54,11 @@ from host.image import ImageInfo, ParsedImage
 from host.protocol import DeviceTimeout, IdBlock, token_packet_bytes
 from hw import isa
 from hw.boards import link_protocol as lp
-from hw.boards.link_protocol import BoardReg, BoardStatus, DramStatus, TokenFlags, TokenStatus
+from hw.boards.link_protocol import BoardReg, BoardStatus, CtrlStatus, DramStatus, TokenFlags, TokenStatus
 from hw.isa import Ctrl, TritPacking
 
-__all__ = ["Ecp5Device", "Ecp5Transport", "LinkError", "LinkTimeout", "UartLink", "DramLayout", "LoadReport",
+__all__ = ["Ecp5Device", "Ecp5Transport", "LinkError", "LinkTimeout", "UartLink", "ControlBus", "DramLayout",
+           "LoadReport",
            "MemtestReport", "dram_contents", "bundle_checksum", "open_port", "set_ftdi_latency", "DEFAULT_PORT",
            "DEFAULT_BAUD", "DRAM_BLOCK_BYTES", "TABLE_ALIGN", "TOKEN_WIRE_BYTES", "token_seconds"]
 
@@ -77,6 +81,8 @@ CRC_WINDOW = 64
 #: wire bytes of one argmax-only token in DRAM mode: ``'T'`` (10), ``'t'`` (2), 3 ``'o'`` frames (6 each)
 TOKEN_WIRE_BYTES = 1 + lp.COMMAND_BYTES[lp.OP_TOKEN] + 1 + lp.REPLY_BYTES[lp.REP_TOKEN] \
     + lp.ARGMAX_SUMMARY_WORDS * (1 + lp.REPLY_BYTES[lp.REP_OUTPUT])
+#: ``'J'`` commands the host keeps unanswered on the control bus (9 bytes each: far below the receive FIFO)
+CTRL_WINDOW = 64
 #: where Linux exposes the FTDI driver's latency timer (``<tty>/latency_timer``, milliseconds)
 SYSFS_USB_SERIAL = Path("/sys/bus/usb-serial/devices")
 _R = isa.REGISTER_MAP
@@ -245,6 +251,9 @@ class UartLink:
         """The next reply frame, which must be ``want`` (output frames on the way are queued)."""
         head, body = self._frame(f"reply {chr(want)!r}", timeout)
         if head != want:
+            if head == lp.REP_UNKNOWN and want in (lp.REP_CTRL_READ, lp.REP_CTRL_WRITE):
+                raise LinkError(f"ECP5 link: the board does not know the command of reply {chr(want)!r} (it "
+                                f"answered '?'): a bitstream of link version 2 or older has no control bus")
             if head == lp.REP_UNKNOWN:
                 raise LinkError(f"ECP5 link: the board does not know the command of reply {chr(want)!r} (it "
                                 f"answered '?'): a stream-only bitstream (link version 1) has no board registers, "
@@ -447,6 +456,43 @@ class UartLink:
         self._write(bytes([lp.OP_TOKEN]) + struct.pack("<IIB", token_id, position & 0xFFFFFFFF, int(flags)))
         return TokenStatus(self._reply(lp.REP_TOKEN, timeout)[0])
 
+    # ---------------------------------------------------------------- the DRAM controller's control bus (version 3)
+    def ctrl_read(self, addr: int) -> int:
+        """One 32-bit word of the DRAM controller's control bus (``'K'``; byte address, a multiple of 4 below
+        :data:`~hw.boards.link_protocol.CTRL_BYTES`).
+
+        Raises
+        ------
+        ValueError
+            A misaligned or out-of-range address (nothing sent).
+        DeviceError
+            A ``'k'`` status other than 0 (:class:`~hw.boards.link_protocol.CtrlStatus`, named).
+
+        Only for a board of link version 3 (:attr:`Ecp5Transport.has_ctrl` checks): an older one answers ``'?'``
+        and then takes the address bytes as commands of their own.
+        """
+        self._check_ctrl_addr(addr)
+        self._write(struct.pack("<BI", lp.OP_CTRL_READ, addr))
+        body = self._reply(lp.REP_CTRL_READ)
+        _check_ctrl_status(body[0], "read", addr)
+        return int.from_bytes(body[1:5], "little")
+
+    def ctrl_write(self, addr: int, value: int) -> None:
+        """Write one 32-bit word of the DRAM controller's control bus (``'J'``) and wait for its ``'j'``.
+
+        Raises
+        ------
+        ValueError, DeviceError
+            As :meth:`ctrl_read`.
+        """
+        self._send_ctrl_write(addr, value)
+        _check_ctrl_status(self._reply(lp.REP_CTRL_WRITE)[0], "write", addr)
+
+    def _send_ctrl_write(self, addr: int, value: int) -> None:
+        self._check_ctrl_addr(addr)
+        self._check_value(value)
+        self._write(struct.pack("<BII", lp.OP_CTRL_WRITE, addr, value))
+
     # ---------------------------------------------------------------- housekeeping
     def resync(self, quiet: float = 0.5) -> None:
         """After a time-out: wait past the board's byte time-out (2^24 cycles: about 0.34 s at 50 MHz), drop what
@@ -468,6 +514,11 @@ class UartLink:
             raise ValueError(f"register address must be a word in 0..0x{_R.SIZE - 4:x}, got {addr!r}")
 
     @staticmethod
+    def _check_ctrl_addr(addr: int) -> None:
+        if not isinstance(addr, int) or not 0 <= addr < lp.CTRL_BYTES or addr % 4:
+            raise ValueError(f"control-bus address must be a word in 0..0x{lp.CTRL_BYTES - 4:x}, got {addr!r}")
+
+    @staticmethod
     def _check_board_addr(addr: int) -> None:
         if not 0 <= addr < 256 or addr % 4:
             raise ValueError(f"board register address must be a word in 0..0xfc, got {addr!r}")
@@ -487,10 +538,100 @@ class UartLink:
 def _dram_hint(status: int) -> str:
     s = DramStatus(status)
     if DramStatus.NOT_READY in s:
-        return " (the DRAM is not initialised: reconfigure the board)"
+        return (" (the DRAM is not initialised, or the board holds its port until read leveling has run: "
+                "`mmfree board status`, `mmfree board level`)")
     if DramStatus.TIMEOUT in s or DramStatus.WRITER_ERROR in s:
         return " (the controller did not complete an access; `mmfree board memtest` checks the DRAM)"
     return ""
+
+
+def _check_ctrl_status(status: int, what: str, addr: int) -> None:
+    """Raise DeviceError naming a control-bus access's failure (:class:`~hw.boards.link_protocol.CtrlStatus`)."""
+    if not status:
+        return
+    s = CtrlStatus(status)
+    hint = ""
+    if CtrlStatus.BUSY in s:
+        hint = " (the DRAM's power-up sequence still owns the bus: wait for BoardStatus.DRAM_READY)"
+    elif CtrlStatus.TIMEOUT in s:
+        hint = (" (the DRAM controller did not acknowledge within the board's time-out: a bitstream whose control "
+                "bus is not connected to the controller answers so)")
+    raise DeviceError(f"ECP5 board: control-bus {what} at 0x{addr:04x} failed: {_flag_names(status, CtrlStatus)}{hint}")
+
+
+class ControlBus:
+    """The DRAM controller's control bus (LiteDRAM ``wb_ctrl``) over a :class:`UartLink`, as the word accesses
+    :class:`host.leveling.CSRBus` takes: :meth:`read_word` waits for its ``'k'``; :meth:`write_word` is posted
+    (at most :data:`CTRL_WINDOW` ``'J'`` commands unanswered, checked in order before the next read and by
+    :meth:`flush`), so a write costs the wire time of its 9 bytes and not a round trip. The board runs commands
+    in order, so a read sees every write before it.
+
+    Use it alone on its link until :meth:`flush` (a context manager: ``with ControlBus(link) as bus``), and
+    flush before any other command.
+
+    Attributes
+    ----------
+    reads, writes : int
+        Accesses so far.
+
+    Raises
+    ------
+    DeviceError
+        (from :meth:`read_word`, :meth:`write_word` or :meth:`flush`) an access the board refused or that timed
+        out, named with its address; ValueError for an address or value the protocol cannot carry.
+    """
+
+    def __init__(self, link: UartLink, *, window: int = CTRL_WINDOW):
+        if not 1 <= window <= 256:
+            raise ValueError(f"window must be 1..256 commands, got {window}")
+        self.link, self.window = link, window
+        self._posted: deque[int] = deque()
+        self.reads = 0
+        self.writes = 0
+
+    def _take(self) -> None:
+        addr = self._posted.popleft()
+        try:
+            status = self.link._reply(lp.REP_CTRL_WRITE)[0]
+        except LinkError:       # the link is gone: the other replies will not come either
+            self._posted.clear()
+            raise
+        _check_ctrl_status(status, "write", addr)
+
+    def flush(self) -> None:
+        """Wait for every posted write's ``'j'``; raise the first failure once all are in."""
+        first: DeviceError | None = None
+        while self._posted:
+            try:
+                self._take()
+            except LinkError:
+                raise
+            except DeviceError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def read_word(self, addr: int) -> int:
+        self.flush()
+        self.reads += 1
+        return self.link.ctrl_read(addr)
+
+    def write_word(self, addr: int, value: int) -> None:
+        if len(self._posted) >= self.window:
+            self._take()
+        self.link._send_ctrl_write(addr, value)
+        self._posted.append(addr)
+        self.writes += 1
+
+    def __enter__(self) -> ControlBus:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.flush()
+            return
+        with contextlib.suppress(DeviceError):    # the error on its way out is the one to report
+            self.flush()
 
 
 # ------------------------------------------------------------------------------------------------ DRAM layout
@@ -648,7 +789,8 @@ class Ecp5Transport:
     """The board's UART link (:class:`UartLink`) as a :class:`~host.devices.driver.Transport`.
 
     On connect it tells the two kinds of bitstream apart (:attr:`mode`): ``"dram"`` (``'G'`` answers
-    :data:`~hw.boards.link_protocol.BOARD_MAGIC` and link version 2: the DRAM is checked ready) runs tokens by
+    :data:`~hw.boards.link_protocol.BOARD_MAGIC` and a link version of
+    :data:`~hw.boards.link_protocol.DRAM_LINK_VERSIONS`: the DRAM is checked ready) runs tokens by
     id (:attr:`runs_token_ids`: :meth:`stage_model` loads the bundle once, :meth:`run_token` sends ``'T'``);
     ``"stream"`` (a link-version-1 board answering ``'?'``) streams the token packet and the whole image through
     ``'S'`` every token (:meth:`run`). Registers go through ``'R'``/``'W'``, the core reset through ``'X'``.
@@ -666,7 +808,10 @@ class Ecp5Transport:
     ----------
     board : dict of BoardReg to int
         The board's read-only registers as read on connect (DRAM mode; empty in stream mode).
+    link_version : int or None
+        ``BoardReg.LINK_VERSION`` of a DRAM board (2 or 3; None in stream mode).
     last_load : LoadReport or None
+    last_leveling : host.leveling.LevelingResult or None
     stats : dict of str to int
         ``dram_loads`` (loads that wrote), ``dram_loads_skipped`` (loads found already on the board),
         ``dram_blocks_written``, ``dram_bytes_written``.
@@ -683,10 +828,13 @@ class Ecp5Transport:
         self.link: UartLink | None = None
         self.mode: str | None = None
         self.board: dict[BoardReg, int] = {}
+        self.link_version: int | None = None
+        self.last_leveling = None
         self.stream: bytes = b""
         self.layout: DramLayout | None = None
         self.last_load: LoadReport | None = None
-        self.stats = {"dram_loads": 0, "dram_loads_skipped": 0, "dram_blocks_written": 0, "dram_bytes_written": 0}
+        self.stats = {"dram_loads": 0, "dram_loads_skipped": 0, "dram_blocks_written": 0, "dram_bytes_written": 0,
+                      "ctrl_reads": 0, "ctrl_writes": 0}
 
     @property
     def runs_token_ids(self) -> bool:
@@ -731,15 +879,15 @@ class Ecp5Transport:
             raise LinkError(f"device 'ecp5': board magic 0x{magic:08x}, expected 0x{lp.BOARD_MAGIC:08x} ('MMDB'): "
                             f"not an mmfree DRAM board, or a port rate other than the bitstream's")
         version = self.link.board_read(BoardReg.LINK_VERSION)
-        if version != lp.LINK_VERSION:
-            raise DeviceError(f"device 'ecp5': the board speaks link protocol version {version}, this host "
-                              f"version {lp.LINK_VERSION}: use the host of the bitstream's revision, or flash the "
-                              f"bitstream of this one")
-        self.mode = "dram"
+        if version not in lp.DRAM_LINK_VERSIONS:
+            raise DeviceError(f"device 'ecp5': the board speaks link protocol version {version}, this host versions "
+                              f"{' and '.join(map(str, lp.DRAM_LINK_VERSIONS))}: use the host of the bitstream's "
+                              f"revision, or flash the bitstream of this one")
+        self.mode, self.link_version = "dram", version
         deadline = time.monotonic() + self.timeout
         while True:
             regs = self.read_board()
-            status = BoardStatus(regs[BoardReg.STATUS] & 0x3F)
+            status = BoardStatus(regs[BoardReg.STATUS] & 0xFF)
             if BoardStatus.DRAM_INIT_ERROR in status:
                 raise DeviceError("device 'ecp5': the board's DRAM failed to initialise (BoardStatus.DRAM_INIT_ERROR):"
                                   " reconfigure the board (openFPGALoader --board ulx3s <bitstream>) and, if it "
@@ -754,10 +902,113 @@ class Ecp5Transport:
                                            BoardReg.CLOCK_HZ)}
 
     def read_board(self) -> dict[BoardReg, int]:
-        """Every board register (DRAM mode), in one round trip."""
+        """Every board register of the board's link version (DRAM mode; version 2 has no ``PORT_ENABLE``), in
+        one round trip."""
         self.require_dram("read board registers")
-        regs = list(BoardReg)
+        regs = [r for r in BoardReg if r != BoardReg.PORT_ENABLE or self.has_ctrl]
         return dict(zip(regs, self.link.board_read_many([int(r) for r in regs]), strict=True))
+
+    @property
+    def has_ctrl(self) -> bool:
+        """Whether the board has the DRAM controller's control bus and the port enable (link version 3)."""
+        return self.mode == "dram" and self.link_version is not None and self.link_version >= lp.CTRL_LINK_VERSION
+
+    def port_enabled(self) -> bool:
+        """Whether the board's DRAM port is enabled (always on a version-2 board, whose port is never held)."""
+        self.require_dram("read the DRAM port's state")
+        if not self.has_ctrl:
+            return True
+        return bool(self.link.board_read(BoardReg.STATUS) & BoardStatus.PORT_ENABLED)
+
+    def require_port(self, what: str) -> None:
+        """Raise DeviceError (saying that ``what`` needs it) unless a DRAM board with its port enabled is
+        connected."""
+        self.require_dram(what)
+        if not self.port_enabled():
+            raise DeviceError(f"device 'ecp5': cannot {what}: the board holds its DRAM port until read leveling has "
+                              f"run (BoardStatus.PORT_HELD: a DDR3 board after configuration, or after a failed "
+                              f"leveling): run `mmfree board level --csr CSR.json` first")
+
+    def require_ctrl(self, what: str) -> None:
+        """Raise DeviceError (saying that ``what`` needs it) unless the board has the control bus (version 3)."""
+        self.require_dram(what)
+        if not self.has_ctrl:
+            raise DeviceError(f"device 'ecp5': {what} needs a bitstream of link version {lp.CTRL_LINK_VERSION} or "
+                              f"later (the DRAM controller's control bus, 'K'/'J'); the board speaks version "
+                              f"{self.link_version} (e.g. the committed ULX3S bitstream, whose SDRAM needs no "
+                              f"leveling: its port is always enabled)")
+
+    def ctrl_read(self, addr: int) -> int:
+        """A 32-bit word of the DRAM controller's control bus (:meth:`UartLink.ctrl_read`; version 3)."""
+        self.require_ctrl("control-bus access")
+        return self.link.ctrl_read(addr)
+
+    def ctrl_write(self, addr: int, value: int) -> None:
+        """Write a 32-bit word of the DRAM controller's control bus (:meth:`UartLink.ctrl_write`; version 3)."""
+        self.require_ctrl("control-bus access")
+        self.link.ctrl_write(addr, value)
+
+    def level(self, csr: Any, params: Any = None, *, wait: Callable[[int], None] | None = None):
+        """Read leveling of the board's DDR3 PHY over the control bus (:func:`host.leveling.read_leveling`;
+        **not run on hardware**), then the DRAM port enabled.
+
+        The port is held (``PORT_ENABLE`` 0) and ``IMAGE_VALID`` cleared first: the procedure's test bursts
+        overwrite the DRAM's first :data:`host.leveling.CLOBBERED_BYTES` bytes, so the next load rewrites that
+        block. The port is enabled only when every lane found its window and passed its check.
+
+        Parameters
+        ----------
+        csr : mapping
+            The bitstream's LiteDRAM CSR map (:func:`host.leveling.load_csr_map`).
+        params : host.leveling.LevelingParams, optional
+            The PHY (default :data:`host.leveling.ECPIX5_PARAMS`).
+        wait : callable, optional
+            As :func:`host.leveling.read_leveling`.
+
+        Returns
+        -------
+        host.leveling.LevelingResult
+
+        Raises
+        ------
+        DeviceError
+            A version-2 board; a CSR map without the PHY's leveling registers; the DRAM not initialised or failed;
+            a control-bus access refused or timed out; the port not enabled after the write.
+        host.leveling.LevelingError
+            A lane without a working setting (named); the port stays held.
+        """
+        from host.leveling import ECPIX5_PARAMS, CSRBus, read_leveling, required_csrs
+
+        params = ECPIX5_PARAMS if params is None else params
+        self.require_ctrl("read leveling")
+        missing = sorted(set(required_csrs(params)) - set(csr))
+        if missing:
+            raise DeviceError(f"device 'ecp5': the CSR map has no {', '.join(missing[:3])}"
+                              f"{' ...' if len(missing) > 3 else ''}: not the map of a core whose PHY does read "
+                              f"leveling (the ECPIX-5's ECP5DDRPHY); give the csr.json of the bitstream's core")
+        status = BoardStatus(self.link.board_read(BoardReg.STATUS) & 0xFF)
+        if BoardStatus.DRAM_INIT_ERROR in status:
+            raise DeviceError("device 'ecp5': the board's DRAM failed to initialise (BoardStatus.DRAM_INIT_ERROR): "
+                              "reconfigure the board")
+        if BoardStatus.DRAM_READY not in status:
+            raise DeviceError("device 'ecp5': the board's DRAM power-up sequence has not run (BoardStatus.DRAM_READY "
+                              "clear)")
+        link = self.link
+        link.board_write(BoardReg.PORT_ENABLE, 0)
+        link.board_write(BoardReg.STATUS, 0)        # the test bursts overwrite DRAM address 0: IMAGE_VALID clear
+        self.layout = None
+        with ControlBus(link) as bus:
+            result = read_leveling(CSRBus(csr, bus.read_word, bus.write_word), params, wait=wait)
+        self.stats["ctrl_reads"] += bus.reads
+        self.stats["ctrl_writes"] += bus.writes
+        link.board_write(BoardReg.PORT_ENABLE, 1)
+        if not self.port_enabled():
+            raise DeviceError("device 'ecp5': the board did not enable its DRAM port after leveling "
+                              "(BoardStatus.PORT_ENABLED clear)")
+        self.last_leveling = result
+        log.info("ECP5 board on %s: read leveling done (%d control-bus reads, %d writes); DRAM port enabled",
+                 self.port_name, bus.reads, bus.writes)
+        return result
 
     def check_ident(self, ident: IdBlock) -> None:
         """The link drives one 64-bit channel."""
@@ -806,7 +1057,7 @@ class Ecp5Transport:
             differs after the writes; :class:`LinkError` when the link drops (run the load again: it restarts
             where it stopped).
         """
-        self.require_dram("load a bundle into DRAM")
+        self.require_port("load a bundle into DRAM")
         link = self.link
         t0 = time.monotonic()
         layout, data = dram_contents(image, table)
@@ -853,7 +1104,7 @@ class Ecp5Transport:
         for reg, value in layout.registers().items():
             link.board_write(reg, value)
         link.board_write(BoardReg.STATUS, int(BoardStatus.IMAGE_VALID))
-        status = BoardStatus(link.board_read(BoardReg.STATUS) & 0x3F)
+        status = BoardStatus(link.board_read(BoardReg.STATUS) & 0xFF)
         if BoardStatus.IMAGE_VALID not in status:
             raise DeviceError(f"device 'ecp5': the board did not keep STATUS.IMAGE_VALID (STATUS "
                               f"{_flag_names(int(status), BoardStatus)})")
@@ -883,7 +1134,7 @@ class Ecp5Transport:
         ValueError
             ``nbytes`` not a positive multiple of 8 or beyond the DRAM.
         """
-        self.require_dram("test the DRAM")
+        self.require_port("test the DRAM")
         dram = self.board[BoardReg.DRAM_BYTES]
         if nbytes <= 0 or nbytes % lp.BEAT_BYTES or nbytes > dram:
             raise ValueError(f"memtest bytes must be a positive multiple of {lp.BEAT_BYTES} up to the board's "
@@ -951,6 +1202,10 @@ class Ecp5Transport:
                                     "link_ns": time.perf_counter_ns() - t0})
 
     def _refused(self, status: TokenStatus, token_id: int, poll: Callable[[], None]) -> None:
+        if TokenStatus.NOT_READY in status:
+            raise DeviceError("device 'ecp5': the board refused the token: its DRAM port is held until read leveling "
+                              "has run (TokenStatus.NOT_READY): `mmfree board level --csr CSR.json`, then load the "
+                              "model again")
         if TokenStatus.NO_IMAGE in status:
             raise DeviceError("device 'ecp5': the board holds no verified image (BoardStatus.IMAGE_VALID is clear: "
                               "nothing was loaded since configuration, or DRAM was written since, e.g. by `mmfree "
@@ -984,7 +1239,7 @@ class Ecp5Transport:
         if self.link is not None:
             self.link.close()
             self.link = None
-        self.mode = None
+        self.mode = self.link_version = None
 
     def require_dram(self, what: str) -> None:
         """Raise DeviceError (saying that ``what`` needs one) unless a DRAM board is connected."""
@@ -1050,6 +1305,22 @@ class Ecp5Device(AcceleratorDevice):
     mode = property(lambda self: self.transport.mode,
                     doc='``"dram"`` or ``"stream"`` once connected (:class:`Ecp5Transport`), else None.')
     last_load = property(lambda self: self.transport.last_load, doc="The last DRAM load's :class:`LoadReport`.")
+    link_version = property(lambda self: self.transport.link_version,
+                            doc="A DRAM board's link version (2 or 3) once connected, else None.")
+
+    def ctrl_read(self, addr: int) -> int:
+        """A 32-bit word of the board's DRAM controller's control bus (link version 3; :class:`UartLink`)."""
+        return self.transport.ctrl_read(addr)
+
+    def ctrl_write(self, addr: int, value: int) -> None:
+        """Write a 32-bit word of the board's DRAM controller's control bus (link version 3)."""
+        self.transport.ctrl_write(addr, value)
+
+    def level(self, csr: Any, params: Any = None, *, wait: Callable[[int], None] | None = None):
+        """Read leveling, then the DRAM port enabled (:meth:`Ecp5Transport.level`; **not run on hardware**)."""
+        if self.transport.link is None:
+            self.connect()
+        return self.transport.level(csr, params, wait=wait)
 
     @property
     def id_block(self) -> dict[int, int] | None:

@@ -9,6 +9,10 @@ table live in board DRAM, and the link carries tokens, not vectors (issue 22; do
 - the board registers (:class:`~hw.boards.link_protocol.BoardReg`, ``'G'``/``'P'``);
 - the DRAM engine (``'L'``, ``'C'``): :class:`hw.dram_writer.DRAMStreamWriter` for ``'L'``'s beats, and
   :class:`hw.dram_reader.DRAMImageReader` into a CRC-32 (``zlib.crc32``'s, 64 bits a beat) for ``'C'``;
+- the control-bus engine (``'K'``, ``'J'``): one Wishbone access of the DRAM controller's CSRs (``ctrl``, to
+  :class:`hw.dram.LiteDRAMCore`'s ``ctrl``) per command, refused while the power-up sequencer owns the bus and
+  abandoned after ``ctrl_timeout`` cycles without ``ack``; and the port enable (``BoardReg.PORT_ENABLE``,
+  ``port_enable``) of a board built with ``hold_port`` (a DRAM that needs read leveling);
 - the token engine (``'T'``): :class:`hw.token_builder.TokenBuilder` makes the token packet from the
   embedding row in DRAM, then the reader streams the image ``[IMAGE_BASE, IMAGE_BASE + IMAGE_BYTES)``; both
   go into the core's channel 0, and the core's output packets come back through
@@ -34,15 +38,18 @@ from amaranth.utils import ceil_log2
 from hw.argmax_tap import ArgmaxTap
 from hw.boards.link_protocol import (
     BOARD_MAGIC,
+    CTRL_BYTES,
     LINK_VERSION,
     BoardReg,
     BoardStatus,
+    CtrlStatus,
     DramStatus,
     TokenFlags,
     TokenStatus,
 )
 from hw.boards.uart_link import LinkBridge, stream_register
 from hw.dram import NativePortSignature
+from hw.dram_init import WishboneSignature
 from hw.dram_reader import DRAMImageReader
 from hw.dram_writer import DRAMStreamWriter
 from hw.params import BuildParams
@@ -85,6 +92,15 @@ class DRAMBoard(wiring.Component):
         write gives up (``DramStatus.TIMEOUT``, ``TokenStatus.READ_TIMEOUT``; default 4096, 82 us at 50 MHz).
     reader_depth : int
         The reader's outstanding reads (:class:`~hw.dram_reader.DRAMImageReader`'s ``depth``).
+    hold_port : bool
+        The DRAM needs read leveling (the ECPIX-5's DDR3; build :class:`hw.dram.LiteDRAMCore` with
+        ``hold_port=True`` too): ``port_enable`` is low after configuration until the host writes 1 to
+        ``BoardReg.PORT_ENABLE``, and until then no DRAM command runs (``DramStatus.NOT_READY``,
+        ``TokenStatus.NOT_READY``). Default False (the ULX3S's SDRAM): ``port_enable`` is 1 and
+        ``PORT_ENABLE`` reads 1 and ignores writes.
+    ctrl_timeout : int
+        Cycles a ``'K'``/``'J'`` access waits for ``ctrl.ack`` before it is abandoned (``CtrlStatus.TIMEOUT``;
+        default 1024).
 
     Members
     -------
@@ -103,6 +119,10 @@ class DRAMBoard(wiring.Component):
         The UART's count of bytes without a stop bit (``BoardReg.LINK_FRAMING``).
     irq : Out(1)
         The core's interrupt (token done or error, a level).
+    ctrl : Out(hw.dram_init.WishboneSignature())
+        To :class:`hw.dram.LiteDRAMCore`'s ``ctrl`` (the controller's CSRs; word addresses).
+    port_enable : Out(1)
+        To :class:`hw.dram.LiteDRAMCore`'s ``port_enable`` (a core built with ``hold_port``).
 
     Raises
     ------
@@ -113,7 +133,7 @@ class DRAMBoard(wiring.Component):
 
     def __init__(self, *, build: BuildParams, addr_width: int = 24, port_width: int = 16, clock_hz: int,
                  byte_timeout: int = 1 << 24, core: wiring.Component | None = None, dram_timeout: int = 4096,
-                 reader_depth: int = 64):
+                 reader_depth: int = 64, hold_port: bool = False, ctrl_timeout: int = 1024):
         if not isinstance(build, BuildParams):
             raise TypeError(f"build must be a hw.params.BuildParams, got {build!r}")
         if build.channels != 1 or build.bus_bits != BEAT_BITS:
@@ -129,6 +149,10 @@ class DRAMBoard(wiring.Component):
         _int("clock_hz", clock_hz, 1, (1 << 32) - 1)
         _int("dram_timeout", dram_timeout, 1)
         _int("reader_depth", reader_depth, 2)
+        _int("ctrl_timeout", ctrl_timeout, 1)
+        if not isinstance(hold_port, bool):
+            raise TypeError(f"hold_port must be a bool, not {hold_port!r}")
+        self._hold_port, self._ctrl_timeout = hold_port, ctrl_timeout
         self._build, self._addr_width, self._port_width = build, addr_width, port_width
         self._clock_hz, self._byte_timeout = clock_hz, byte_timeout
         self._dram_timeout, self._reader_depth = dram_timeout, reader_depth
@@ -141,7 +165,7 @@ class DRAMBoard(wiring.Component):
             "rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
             "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
             "dram_ready": In(1), "dram_error": In(1), "rx_overflow": In(1), "framing": In(16),
-            "irq": Out(1),
+            "irq": Out(1), "ctrl": Out(WishboneSignature()), "port_enable": Out(1),
         })
 
     @property
@@ -151,6 +175,10 @@ class DRAMBoard(wiring.Component):
     @property
     def core(self) -> wiring.Component:
         return self._core
+
+    @property
+    def hold_port(self) -> bool:
+        return self._hold_port
 
     @property
     def dram_bytes(self) -> int:
@@ -204,7 +232,11 @@ class DRAMBoard(wiring.Component):
         u.tokens = Signal(32)
         u.load_started = Signal()
         u.regs = self._registers(m, u)
+        m.d.comb += self.port_enable.eq(u.regs.port_enabled)
+        u.usable = Signal()      # the DRAM is initialised and its port enabled: DRAM commands may run
+        m.d.comb += u.usable.eq(self.dram_ready & u.regs.port_enabled)
         u.write_owner = self._dram_engine(m, u)
+        self._ctrl_engine(m, u)
         self._token_engine(m, u)
         self._port_mux(m, u)
         return m
@@ -213,14 +245,16 @@ class DRAMBoard(wiring.Component):
         """The board registers behind ``'G'``/``'P'`` (:class:`~hw.boards.link_protocol.BoardReg`; addresses
         with their two low bits ignored, unmapped ones read 0; writes to read-only registers are ignored).
         Returns the writable ones (``image_valid``, ``image_base``, ``image_bytes``, ``image_checksum``,
-        ``embed_base``, ``embed_hidden``, ``embed_vocab``; 32 bits each, ``image_valid`` 1)."""
+        ``embed_base``, ``embed_hidden``, ``embed_vocab``; 32 bits each, ``image_valid`` 1) and
+        ``port_enabled`` (1 bit: a register with ``hold_port``, else the constant 1)."""
         bp = u.bridge.board
         r = SimpleNamespace(image_valid=Signal(), **{name: Signal(32, name=name) for name in (
             "image_base", "image_bytes", "image_checksum", "embed_base", "embed_hidden", "embed_vocab")})
+        r.port_enabled = Signal(name="port_enabled") if self._hold_port else Const(1, 1)
         status = Signal(8)
         m.d.comb += status.eq(Cat(self.dram_ready, self.dram_error, r.image_valid, u.reader.error,
-                                  u.writer.error, self.rx_overflow))
-        assert [int(f) for f in BoardStatus] == [1 << k for k in range(6)]   # the bit order above
+                                  u.writer.error, self.rx_overflow, r.port_enabled, Const(self._hold_port, 1)))
+        assert [int(f) for f in BoardStatus] == [1 << k for k in range(8)]   # the bit order above
 
         values = {
             BoardReg.MAGIC: Const(BOARD_MAGIC, 32), BoardReg.LINK_VERSION: Const(LINK_VERSION, 32),
@@ -229,7 +263,7 @@ class DRAMBoard(wiring.Component):
             BoardReg.IMAGE_CHECKSUM: r.image_checksum, BoardReg.EMBED_BASE: r.embed_base,
             BoardReg.EMBED_HIDDEN: r.embed_hidden, BoardReg.EMBED_VOCAB: r.embed_vocab,
             BoardReg.LINK_TIMEOUTS: u.bridge.timeouts, BoardReg.LINK_FRAMING: self.framing,
-            BoardReg.TOKENS: u.tokens,
+            BoardReg.TOKENS: u.tokens, BoardReg.PORT_ENABLE: r.port_enabled,
         }
         assert set(values) == set(BoardReg)
         word = bp.reg_addr[2:]
@@ -247,6 +281,9 @@ class DRAMBoard(wiring.Component):
                 for reg, sig in writable.items():
                     with m.Case(reg >> 2):
                         m.d.sync += sig.eq(bp.reg_wdata)
+                if self._hold_port:
+                    with m.Case(BoardReg.PORT_ENABLE >> 2):
+                        m.d.sync += r.port_enabled.eq(bp.reg_wdata[0])
         with m.If(u.load_started):   # any 'L' clears IMAGE_VALID
             m.d.sync += r.image_valid.eq(0)
         return r
@@ -254,7 +291,8 @@ class DRAMBoard(wiring.Component):
     def _dram_engine(self, m, u):
         """``'L'`` and ``'C'``: the bridge's DRAM commands through the writer, or the reader into a CRC-32.
 
-        A command is checked first (``DramStatus.NOT_READY`` before ``dram_ready``; ``BAD_ALIGN`` for an
+        A command is checked first (``DramStatus.NOT_READY`` before ``dram_ready`` or while the port is not
+        enabled; ``BAD_ALIGN`` for an
         address or a length that is not a multiple of 8 or a range beyond ``DRAM_BYTES``); a refused
         ``'L'``'s beats are taken and dropped. A write that waits on the controller for ``dram_timeout``
         cycles without progress ends with ``TIMEOUT`` (its remaining beats dropped; the writer stays stuck
@@ -286,7 +324,7 @@ class DRAMBoard(wiring.Component):
             with m.State("CHECK"):
                 bad = (addr[:3] != 0) | (length[:3] != 0) | ((addr + length) > self.dram_bytes)
                 refused = Signal(8)
-                m.d.comb += refused.eq(Mux(~self.dram_ready, DramStatus.NOT_READY, 0)
+                m.d.comb += refused.eq(Mux(~u.usable, DramStatus.NOT_READY, 0)
                                        | Mux(bad, DramStatus.BAD_ALIGN, 0))
                 m.d.sync += status.eq(refused)
                 with m.If(write):
@@ -368,10 +406,57 @@ class DRAMBoard(wiring.Component):
                     m.next = "IDLE"
         return write_owner
 
+    def _ctrl_engine(self, m, u):
+        """``'K'`` and ``'J'``: one Wishbone classic transfer on ``ctrl`` per command.
+
+        Checked first, touching nothing when refused: ``CtrlStatus.BAD_ADDR`` for a byte address that is not a
+        multiple of 4 or not below :data:`~hw.boards.link_protocol.CTRL_BYTES`; ``BUSY`` while the power-up
+        sequencer owns the bus (neither ``dram_ready`` nor ``dram_error``). Then ``cyc``/``stb`` stay high until
+        ``ack`` (a read takes ``dat_r`` then) or for ``ctrl_timeout`` cycles, after which the transfer is
+        withdrawn (``cyc`` low) with ``TIMEOUT``. The data of a write or a failed access is 0."""
+        bp, bus = u.bridge.board, self.ctrl
+        write, addr, wdata = Signal(), Signal(32), Signal(32)
+        status, rdata = Signal(8), Signal(32)
+        wait = Signal(range(self._ctrl_timeout + 1))
+        with m.FSM(name="ctrl_engine"):
+            with m.State("IDLE"):
+                m.d.comb += bp.ctrl_cmd.ready.eq(1)
+                with m.If(bp.ctrl_cmd.valid):
+                    c = bp.ctrl_cmd.payload
+                    m.d.sync += [write.eq(c.write), addr.eq(c.addr), wdata.eq(c.data), rdata.eq(0), wait.eq(0)]
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                bad = (addr[:2] != 0) | (addr >= CTRL_BYTES)
+                busy = ~self.dram_ready & ~self.dram_error
+                refused = Signal(8)
+                m.d.comb += refused.eq(Mux(bad, CtrlStatus.BAD_ADDR, 0) | Mux(busy, CtrlStatus.BUSY, 0))
+                m.d.sync += status.eq(refused)
+                with m.If(refused != 0):
+                    m.next = "DONE"
+                with m.Else():
+                    m.next = "BUS"
+            with m.State("BUS"):
+                m.d.comb += [bus.adr.eq(addr[2:]), bus.dat_w.eq(wdata), bus.we.eq(write), bus.cyc.eq(1),
+                             bus.stb.eq(1)]
+                with m.If(bus.ack):
+                    m.d.sync += rdata.eq(Mux(write, 0, bus.dat_r))
+                    m.next = "DONE"
+                with m.Elif(wait == self._ctrl_timeout):
+                    m.d.sync += status.eq(CtrlStatus.TIMEOUT)
+                    m.next = "DONE"
+                with m.Else():
+                    m.d.sync += wait.eq(wait + 1)
+            with m.State("DONE"):
+                m.d.comb += [bp.ctrl_done.valid.eq(1), bp.ctrl_done.payload.status.eq(status),
+                             bp.ctrl_done.payload.data.eq(rdata)]
+                with m.If(bp.ctrl_done.ready):
+                    m.next = "IDLE"
+
     def _token_engine(self, m, u):
         """``'T'``: check, build the token packet, stream it and the image into channel 0, report.
 
-        Refusals come first and send nothing to the core: ``NO_IMAGE`` (``IMAGE_VALID`` clear, or an image of
+        Refusals come first and send nothing to the core: ``NOT_READY`` (the DRAM not initialised or its port
+        not enabled), ``NO_IMAGE`` (``IMAGE_VALID`` clear, or an image of
         fewer than 8 bytes or reaching beyond ``DRAM_BYTES``, which the reader could not stream whole),
         ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
         builder's ``BAD_TOKEN``/``BAD_HIDDEN`` (``EMBED_HIDDEN`` above ``max_hidden`` reaches the builder as
@@ -416,7 +501,10 @@ class DRAMBoard(wiring.Component):
             with m.State("CHECK"):
                 no_image = (~regs.image_valid | (regs.image_bytes[3:] == 0)
                             | ((regs.image_base + regs.image_bytes) > self.dram_bytes))
-                with m.If(no_image):
+                with m.If(~u.usable):
+                    m.d.sync += status.eq(TokenStatus.NOT_READY)
+                    m.next = "REPLY"
+                with m.Elif(no_image):
                     m.d.sync += status.eq(TokenStatus.NO_IMAGE)
                     m.next = "REPLY"
                 with m.Elif(reader.error):

@@ -11,7 +11,7 @@ the DRAM and token commands, their status bytes).
 - :class:`LinkBridge`: the parser and framer on byte streams (a simulation drives bytes directly, below the
   UART). It always speaks ``'R'``, ``'W'``, ``'S'``, ``'X'`` to a core (AXI4-Lite manager, weight stream
   out, output stream in, core reset); built with ``board=True`` it also speaks ``'G'``, ``'P'``, ``'L'``,
-  ``'C'``, ``'T'`` over its ``board`` port (:class:`BoardPortSignature`), whose other side (the board
+  ``'C'``, ``'T'``, ``'K'``, ``'J'`` over its ``board`` port (:class:`BoardPortSignature`), whose other side (the board
   registers, DRAM and token engines) is :class:`hw.boards.dram_board.DRAMBoard`. Without ``board`` those
   opcodes are unknown (``'?'``) and none of that logic is built.
 - :class:`UARTLink`: :class:`UARTPhy`'s parts and a stream-only :class:`LinkBridge`, the whole link of the
@@ -41,6 +41,8 @@ from hw.boards.link_protocol import (
     COMMAND_BYTES,
     OP_BOARD_READ,
     OP_BOARD_WRITE,
+    OP_CTRL_READ,
+    OP_CTRL_WRITE,
     OP_DRAM_CRC,
     OP_DRAM_WRITE,
     OP_READ,
@@ -50,6 +52,8 @@ from hw.boards.link_protocol import (
     OP_WRITE,
     REP_BOARD_READ,
     REP_BOARD_WRITE,
+    REP_CTRL_READ,
+    REP_CTRL_WRITE,
     REP_DRAM_CRC,
     REP_DRAM_WRITE,
     REP_OUTPUT,
@@ -68,7 +72,8 @@ from hw.regs import AXI4LiteSignature
 from hw.streams import AXIStreamSignature
 
 __all__ = ["UARTRx", "UARTTx", "UARTPhy", "LinkBridge", "UARTLink", "BoardPortSignature", "stream_register",
-           "dram_command_layout", "dram_result_layout", "token_request_layout",
+           "dram_command_layout", "dram_result_layout", "token_request_layout", "ctrl_command_layout",
+           "ctrl_result_layout",
            # protocol constants (hw.boards.link_protocol's), for modules that import them from here
            "OP_READ", "OP_WRITE", "OP_STREAM", "OP_RESET", "OP_BOARD_READ", "OP_BOARD_WRITE", "OP_DRAM_WRITE",
            "OP_DRAM_CRC", "OP_TOKEN", "REP_READ", "REP_WRITE", "REP_STREAM", "REP_RESET", "REP_BOARD_READ",
@@ -265,6 +270,18 @@ def token_request_layout() -> data.StructLayout:
     return data.StructLayout({"token": 32, "position": 32, "flags": 8})
 
 
+def ctrl_command_layout() -> data.StructLayout:
+    """A DRAM controller control-bus access of the link (``'K'``: ``write`` 0; ``'J'``: ``write`` 1): ``addr``
+    (byte address, 32 bits, as sent), ``data`` (32 bits, ``'J'`` only)."""
+    return data.StructLayout({"write": 1, "addr": 32, "data": 32})
+
+
+def ctrl_result_layout() -> data.StructLayout:
+    """Its result: ``status`` (8 bits, :class:`~hw.boards.link_protocol.CtrlStatus`), ``data`` (32 bits, the word
+    read; 0 for a write or a failed access)."""
+    return data.StructLayout({"status": 8, "data": 32})
+
+
 class BoardPortSignature(wiring.Signature):
     """The DRAM board's side of the link's commands, as :class:`LinkBridge` (the manager) sees it.
 
@@ -287,6 +304,10 @@ class BoardPortSignature(wiring.Signature):
         ``'T'``; exactly one ``token_done`` answers each.
     token_done : In(stream.Signature(8))
         Its :class:`~hw.boards.link_protocol.TokenStatus`.
+    ctrl_cmd : Out(stream.Signature(ctrl_command_layout()))
+        ``'K'`` and ``'J'``; exactly one ``ctrl_done`` answers each.
+    ctrl_done : In(stream.Signature(ctrl_result_layout()))
+        The access's result.
     """
 
     def __init__(self):
@@ -297,6 +318,8 @@ class BoardPortSignature(wiring.Signature):
             "dram_done": In(stream.Signature(dram_result_layout())),
             "token": Out(stream.Signature(token_request_layout())),
             "token_done": In(stream.Signature(8)),
+            "ctrl_cmd": Out(stream.Signature(ctrl_command_layout())),
+            "ctrl_done": In(stream.Signature(ctrl_result_layout())),
         })
 
 
@@ -312,8 +335,8 @@ class LinkBridge(wiring.Component):
     byte_timeout : int, >= 16
         Clock cycles a command may wait for its next byte before it is abandoned.
     board : bool
-        Also the DRAM boards' commands ``'G'``, ``'P'``, ``'L'``, ``'C'``, ``'T'`` (the ``board`` port);
-        without it they are unknown opcodes.
+        Also the DRAM boards' commands ``'G'``, ``'P'``, ``'L'``, ``'C'``, ``'T'``, ``'K'``, ``'J'`` (the
+        ``board`` port); without it they are unknown opcodes.
 
     Attributes
     ----------
@@ -454,7 +477,8 @@ class _Parser:
         states = {OP_READ: "READ_ARGS", OP_WRITE: "WRITE_ARGS", OP_STREAM: "STREAM_ARGS"}
         if br.has_board:
             states.update({OP_BOARD_READ: "GET_ARGS", OP_BOARD_WRITE: "PUT_ARGS", OP_DRAM_WRITE: "LOAD_ARGS",
-                           OP_DRAM_CRC: "CRC_ARGS", OP_TOKEN: "TOKEN_ARGS"})
+                           OP_DRAM_CRC: "CRC_ARGS", OP_TOKEN: "TOKEN_ARGS", OP_CTRL_READ: "CTRL_READ_ARGS",
+                           OP_CTRL_WRITE: "CTRL_WRITE_ARGS"})
         with m.State("IDLE"):
             m.d.comb += br.rx.ready.eq(1)
             m.d.sync += self.idle.eq(0)
@@ -558,7 +582,7 @@ class _Parser:
             m.next = "IDLE"
 
     def board_states(self):
-        """'G', 'P', 'L', 'C', 'T' over the ``board`` port."""
+        """'G', 'P', 'L', 'C', 'T', 'K', 'J' over the ``board`` port."""
         m, bp = self.m, self.br.board
 
         with m.State("GET_ARGS"):
@@ -637,6 +661,27 @@ class _Parser:
                 m.next = "TOKEN_REPLY"
         with m.State("TOKEN_REPLY"):
             self.reply(Const(REP_TOKEN, 8), self.result(1))
+
+        for write, n, rep in ((0, COMMAND_BYTES[OP_CTRL_READ], REP_CTRL_READ),
+                              (1, COMMAND_BYTES[OP_CTRL_WRITE], REP_CTRL_WRITE)):
+            name = "CTRL_WRITE" if write else "CTRL_READ"
+            with m.State(f"{name}_ARGS"):    # addr (4 bytes)[, data (4 bytes)]
+                self.receive(f"{name}_CMD")
+            with m.State(f"{name}_CMD"):
+                m.d.comb += [bp.ctrl_cmd.valid.eq(1), bp.ctrl_cmd.payload.write.eq(write),
+                             bp.ctrl_cmd.payload.addr.eq(self.arg(n, 0, 4))]
+                if write:
+                    m.d.comb += bp.ctrl_cmd.payload.data.eq(self.arg(n, 4, 4))
+                with m.If(bp.ctrl_cmd.ready):
+                    m.next = f"{name}_WAIT"
+            with m.State(f"{name}_WAIT"):
+                m.d.comb += bp.ctrl_done.ready.eq(1)
+                with m.If(bp.ctrl_done.valid):
+                    res = bp.ctrl_done.payload
+                    m.d.sync += self.result(5).eq(Cat(res.status, res.data))
+                    m.next = f"{name}_REPLY"
+            with m.State(f"{name}_REPLY"):   # 'k' status data / 'j' status
+                self.reply(Const(rep, 8), self.result(5)[:8 * REPLY_BYTES[rep]])
 
 
 def _uart_parts(m, *, divisor: int, fifo_depth: int, rx, tx, overflow, framing):

@@ -3,18 +3,25 @@
 LiteDRAM port model: the board registers, 'L' and 'C' against zlib.crc32, alignment and readiness checks,
 an 'L' abandoned mid-load, refused tokens, and tokens of a tiny random model run from DRAM bit-exact with the
 golden device (the whole output packet, or the argmax summary), a corrupted image word (the weight CRC) and
-the next token after CTRL.clear.
+the next token after CTRL.clear. The control bus ('K'/'J', link version 3) is answered by a behavioural
+Wishbone subordinate (:class:`WishboneModel`): accesses, the power-up sequencer's ownership, a missing ack,
+bad addresses, and the port enable of a board built with ``hold_port``.
 """
 
 from __future__ import annotations
 
+import gc
 import struct
+import warnings
 import zlib
 from collections import deque
 from functools import cache
 
 import numpy as np
 import pytest
+from amaranth.hdl import Module, UnusedElaboratable
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.sim import Simulator
 
 from host.bundle import embeddings_fixed
@@ -26,6 +33,8 @@ from host.protocol import make_token_packet, parse_output_packet
 from hw import isa
 from hw.boards import link_protocol as lp
 from hw.boards.dram_board import DRAMBoard
+from hw.dram import NativePortSignature
+from hw.dram_init import DRAMControl, WishboneSignature
 from hw.params import BuildParams
 from tests.hw.test_dram_reader import NativePortModel
 from tests.hw.uart_sim import LoopbackCore
@@ -66,6 +75,53 @@ def cmd_token(token, position, flags=0):
     return struct.pack("<BIIB", lp.OP_TOKEN, token, position, flags)
 
 
+def cmd_ctrl_read(addr):
+    return struct.pack("<BI", lp.OP_CTRL_READ, addr)
+
+
+def cmd_ctrl_write(addr, value):
+    return struct.pack("<BII", lp.OP_CTRL_WRITE, addr, value)
+
+
+class WishboneModel:
+    """A Wishbone B4 classic subordinate on the board's ``ctrl`` (word addresses): ``regs`` (word address ->
+    value; others read 0) answered after a random latency of ``latency`` cycles, or never while ``respond`` is
+    false. ``transfers`` lists the completed ones as (we, word address, data); ``abandoned`` counts requests
+    withdrawn (``cyc`` low) before their ``ack``; ``max_wait`` is the longest ``cyc`` without ``ack``."""
+
+    def __init__(self, bus, rng, *, latency=(0, 4)):
+        self.bus, self.rng, self.latency = bus, rng, latency
+        self.regs: dict[int, int] = {}
+        self.respond = True
+        self.transfers: list[tuple[int, int, int]] = []
+        self.abandoned = 0
+        self.max_wait = 0
+
+    async def process(self, ctx):
+        bus = self.bus
+        acking, waited, due = False, 0, None
+        while True:
+            _, _, cyc, stb, we, adr, dat_w = await ctx.tick().sample(bus.cyc, bus.stb, bus.we, bus.adr, bus.dat_w)
+            if cyc and stb and acking:           # the transfer completed at this edge
+                self.transfers.append((int(we), int(adr), int(dat_w)))
+                if we:
+                    self.regs[int(adr)] = int(dat_w)
+                acking, waited, due = False, 0, None
+            elif cyc and stb:
+                waited += 1
+                self.max_wait = max(self.max_wait, waited)
+                if due is None:
+                    due = int(self.rng.integers(*self.latency, endpoint=True))
+                if self.respond and waited > due:
+                    acking = True
+            else:
+                if waited:
+                    self.abandoned += 1
+                acking, waited, due = False, 0, None
+            ctx.set(bus.ack, acking)
+            ctx.set(bus.dat_r, self.regs.get(int(adr), 0) if acking else 0xDEADBEEF)
+
+
 class Bench:
     """A :class:`DRAMBoard` with link bytes in and out and a native-port model over ``mem`` (uint16 words).
 
@@ -73,9 +129,11 @@ class Bench:
     reply frame's body; ``'o'`` frames collect into :attr:`packets` (bytes per packet, by ``tlast``)."""
 
     def __init__(self, dut: DRAMBoard, mem: np.ndarray, *, seed: int = 0, cmd_stall: float = 0.0,
-                 dram_ready: bool = True):
+                 dram_ready: bool = True, dram_error: bool = False):
         self.dut, self.mem = dut, mem
         self.model = NativePortModel(dut.port, mem, np.random.default_rng(seed), cmd_stall=cmd_stall)
+        self.wb = WishboneModel(dut.ctrl, np.random.default_rng(seed + 1))
+        self.dram_error = dram_error
         self.replies: deque[tuple[int, bytes]] = deque()
         self.packets: list[bytes] = []
         self.words: list[int] = []
@@ -85,6 +143,7 @@ class Bench:
     async def _collect(self, ctx):
         ctx.set(self.dut.tx.ready, 1)
         ctx.set(self.dut.dram_ready, self.dram_ready)
+        ctx.set(self.dut.dram_error, self.dram_error)
         buf = bytearray()
         while True:
             _, _, valid, byte = await ctx.tick().sample(self.dut.tx.valid, self.dut.tx.payload)
@@ -145,6 +204,14 @@ class Bench:
         return struct.unpack("<IB", await self.command(ctx, cmd_crc(addr, n), lp.REP_DRAM_CRC,
                                                        max_cycles=4 * n + 2000))
 
+    async def ctrl_read(self, ctx, addr) -> tuple[int, int]:
+        """``'K'``: (status, data)."""
+        return struct.unpack("<BI", await self.command(ctx, cmd_ctrl_read(addr), lp.REP_CTRL_READ))
+
+    async def ctrl_write(self, ctx, addr, value) -> int:
+        """``'J'``: status."""
+        return (await self.command(ctx, cmd_ctrl_write(addr, value), lp.REP_CTRL_WRITE))[0]
+
     async def core_read(self, ctx, addr) -> int:
         return struct.unpack("<I", await self.command(ctx, struct.pack("<BB", lp.OP_READ, addr), lp.REP_READ))[0]
 
@@ -173,6 +240,7 @@ class Bench:
         sim = Simulator(self.dut)
         sim.add_clock(1e-8)
         sim.add_testbench(self.model.process, background=True)
+        sim.add_testbench(self.wb.process, background=True)
         sim.add_testbench(self._collect, background=True)
 
         async def main(ctx):
@@ -212,20 +280,23 @@ def test_board_registers():
         assert await b.get(ctx, lp.BoardReg.LINK_VERSION) == lp.LINK_VERSION
         assert await b.get(ctx, lp.BoardReg.DRAM_BYTES) == DRAM_BYTES
         assert await b.get(ctx, lp.BoardReg.CLOCK_HZ) == CLOCK_HZ
-        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY
+        ready = lp.BoardStatus.DRAM_READY | lp.BoardStatus.PORT_ENABLED        # no hold_port: always enabled
+        assert await b.get(ctx, lp.BoardReg.STATUS) == ready
         assert await b.get(ctx, 0xFC) == 0                                   # unmapped
-        for k, reg in enumerate(sorted(lp.WRITABLE - {lp.BoardReg.STATUS})):
+        data_regs = sorted(lp.WRITABLE - {lp.BoardReg.STATUS, lp.BoardReg.PORT_ENABLE})
+        for k, reg in enumerate(data_regs):
             await b.put(ctx, reg, 0x9E3779B9 * (k + 1) & 0xFFFFFFFF)
-        for k, reg in enumerate(sorted(lp.WRITABLE - {lp.BoardReg.STATUS})):
+        for k, reg in enumerate(data_regs):
             assert await b.get(ctx, reg) == 0x9E3779B9 * (k + 1) & 0xFFFFFFFF
-        for reg in set(lp.BoardReg) - lp.WRITABLE:                          # read-only: writes ignored
+        for reg in set(lp.BoardReg) - lp.WRITABLE | {lp.BoardReg.PORT_ENABLE}:   # read-only: writes ignored
             before = await b.get(ctx, reg)
-            await b.put(ctx, reg, 0x12345678)
+            await b.put(ctx, reg, 0x12345678 if reg != lp.BoardReg.PORT_ENABLE else 0)
             assert await b.get(ctx, reg) == before, reg.name
+        assert await b.get(ctx, lp.BoardReg.PORT_ENABLE) == 1 and ctx.get(b.dut.port_enable) == 1
         await b.put(ctx, lp.BoardReg.STATUS, 0xFFFFFFFF)                     # only IMAGE_VALID is writable
-        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | lp.BoardStatus.IMAGE_VALID
+        assert await b.get(ctx, lp.BoardReg.STATUS) == ready | lp.BoardStatus.IMAGE_VALID
         await b.put(ctx, lp.BoardReg.STATUS, 0)
-        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY
+        assert await b.get(ctx, lp.BoardReg.STATUS) == ready
         assert await b.get(ctx, lp.BoardReg.TOKENS) == 0
         # the core's registers through 'R' still reach the stand-in's register block
         assert await b.core_read(ctx, R.ID_MAGIC) == isa.ID_MAGIC
@@ -285,7 +356,7 @@ def test_dram_not_ready():
     bench = Bench(small_board(), mem, dram_ready=False)
 
     async def script(ctx, b):
-        assert await b.get(ctx, lp.BoardReg.STATUS) == 0
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.PORT_ENABLED
         assert await b.load(ctx, 0, bytes(8)) == lp.DramStatus.NOT_READY
         assert (await b.crc(ctx, 0, 8))[1] == lp.DramStatus.NOT_READY
         assert await b.load(ctx, 3, bytes(8)) == lp.DramStatus.NOT_READY | lp.DramStatus.BAD_ALIGN
@@ -308,6 +379,197 @@ def test_load_abandoned_mid_data():
         assert mem_bytes(mem, 0x300, 48) == data[:16] + bytes(32)
         assert await b.load(ctx, 0x300, data) == 0
         assert (await b.crc(ctx, 0x300, 48)) == (zlib.crc32(data), 0)
+
+    bench.run(script)
+
+
+# ---------------------------------------------------------------------------------------------- control bus
+
+def test_ctrl_reads_and_writes_reach_the_wishbone_subordinate():
+    """'J' writes a word at its byte address (word address on the bus), 'K' reads it back; several registers,
+    random ack latencies; one bus transfer per command, nothing else on the bus."""
+    bench = Bench(small_board(), blank_mem())
+    words = {0x000: 0x00000001, 0x800: 0x3, 0x1014: 0x89ABCDEF, 0x1018: 0x01234567, lp.CTRL_BYTES - 4: 0xFFFFFFFF}
+
+    async def script(ctx, b):
+        b.wb.regs[0x1020 >> 2] = 0xCAFEF00D                          # a register the subordinate holds itself
+        assert await b.ctrl_read(ctx, 0x1020) == (0, 0xCAFEF00D)
+        for addr, value in words.items():
+            assert await b.ctrl_write(ctx, addr, value) == 0
+        assert {a << 2: v for a, v in b.wb.regs.items() if a != 0x1020 >> 2} == words
+        for addr, value in reversed(words.items()):
+            assert await b.ctrl_read(ctx, addr) == (0, value)
+        assert await b.ctrl_read(ctx, 0x2000) == (0, 0)                # unmapped words read 0
+        writes = [(1, a >> 2, v) for a, v in words.items()]
+        reads = [(0, a >> 2, 0) for a in reversed(words)]
+        assert [(we, adr, d if we else 0) for we, adr, d in b.wb.transfers] == \
+            [(0, 0x1020 >> 2, 0), *writes, *reads, (0, 0x2000 >> 2, 0)]
+        assert b.wb.abandoned == 0
+        assert await b.get(ctx, lp.BoardReg.MAGIC) == lp.BOARD_MAGIC  # the other commands are unaffected
+
+    bench.run(script)
+
+
+def test_ctrl_bad_address_touches_nothing():
+    bench = Bench(small_board(), blank_mem())
+
+    async def script(ctx, b):
+        for addr in (2, 0x801, lp.CTRL_BYTES, lp.CTRL_BYTES + 4, 0xFFFFFFFC):
+            assert await b.ctrl_read(ctx, addr) == (lp.CtrlStatus.BAD_ADDR, 0), hex(addr)
+            assert await b.ctrl_write(ctx, addr, 0x5A5A5A5A) == lp.CtrlStatus.BAD_ADDR, hex(addr)
+        assert b.wb.transfers == [] and b.wb.max_wait == 0              # cyc never raised
+        assert await b.ctrl_write(ctx, 0x804, 7) == 0                  # the next good access works
+        assert b.wb.transfers == [(1, 0x804 >> 2, 7)]
+
+    bench.run(script)
+
+
+def test_ctrl_busy_while_the_sequencer_owns_the_bus():
+    """Before init_done (and no init_error) every access is refused with BUSY and the bus stays idle; after
+    an init error the host may still read the controller's registers; with init_done accesses run."""
+    bench = Bench(small_board(), blank_mem(), dram_ready=False)
+
+    async def script(ctx, b):
+        b.wb.regs[1] = 1
+        assert await b.ctrl_read(ctx, 0x4) == (lp.CtrlStatus.BUSY, 0)
+        assert await b.ctrl_write(ctx, 0x800, 1) == lp.CtrlStatus.BUSY
+        assert await b.ctrl_read(ctx, 0x3) == (lp.CtrlStatus.BUSY | lp.CtrlStatus.BAD_ADDR, 0)
+        assert b.wb.transfers == [] and b.wb.max_wait == 0
+        ctx.set(b.dut.dram_error, 1)
+        assert await b.ctrl_read(ctx, 0x4) == (0, 1)
+        ctx.set(b.dut.dram_error, 0)
+        ctx.set(b.dut.dram_ready, 1)
+        assert await b.ctrl_write(ctx, 0x800, 1) == 0
+        assert b.wb.transfers == [(0, 1, 0), (1, 0x200, 1)]
+
+    bench.run(script)
+
+
+def test_ctrl_timeout_then_the_link_goes_on():
+    """A subordinate that never acknowledges: 'K' and 'J' end with TIMEOUT after ctrl_timeout cycles, the request
+    is withdrawn (cyc low), and the link, the board registers and the next accesses work."""
+    timeout = 50
+    bench = Bench(small_board(ctrl_timeout=timeout), blank_mem())
+
+    async def script(ctx, b):
+        b.wb.respond = False
+        start = b.cycle
+        assert await b.ctrl_read(ctx, 0x818) == (lp.CtrlStatus.TIMEOUT, 0)
+        assert timeout <= b.cycle - start < timeout + 60              # bounded, and not before the time-out
+        assert await b.ctrl_write(ctx, 0x818, 3) == lp.CtrlStatus.TIMEOUT
+        assert b.wb.abandoned == 2 and b.wb.max_wait == timeout + 1 and b.wb.transfers == []
+        assert await b.get(ctx, lp.BoardReg.MAGIC) == lp.BOARD_MAGIC
+        assert await b.load(ctx, 0x40, bytes(range(8))) == 0           # the DRAM engine is untouched
+        b.wb.respond = True
+        assert await b.ctrl_write(ctx, 0x818, 3) == 0
+        assert await b.ctrl_read(ctx, 0x818) == (0, 3)
+
+    bench.run(script)
+
+
+def test_held_port_until_the_host_enables_it():
+    """hold_port: after power-up the port is held (port_enable low, PORT_HELD set, PORT_ENABLED clear); 'L', 'C'
+    and 'T' are refused with nothing read or written while 'K'/'J' (leveling) work; PORT_ENABLE 1 releases the
+    port, 0 holds it again, and writes leave the other registers."""
+    mem = blank_mem()
+    before = mem.copy()
+    bench = Bench(small_board(hold_port=True), mem)
+    held, enabled = lp.BoardStatus.PORT_HELD, lp.BoardStatus.PORT_ENABLED
+
+    async def script(ctx, b):
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | held
+        assert await b.get(ctx, lp.BoardReg.PORT_ENABLE) == 0 and ctx.get(b.dut.port_enable) == 0
+        for reg, v in ((lp.BoardReg.IMAGE_BYTES, 64), (lp.BoardReg.EMBED_HIDDEN, 4), (lp.BoardReg.EMBED_VOCAB, 4),
+                       (lp.BoardReg.EMBED_BASE, 0x100), (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)):
+            await b.put(ctx, reg, v)
+        assert await b.token(ctx, 1, 0) == lp.TokenStatus.NOT_READY     # IMAGE_VALID set, yet refused
+        assert (await b.crc(ctx, 0, 64))[1] == lp.DramStatus.NOT_READY
+        assert await b.load(ctx, 0x40, bytes(range(8))) == lp.DramStatus.NOT_READY
+        assert b.model.reads == 0 and np.array_equal(mem, before) and not b.packets and not b.words
+        assert await b.ctrl_write(ctx, 0x800, 1) == 0 and await b.ctrl_read(ctx, 0x800) == (0, 1)
+        await b.put(ctx, lp.BoardReg.PORT_ENABLE, 0xFFFFFFFF)           # bit 0
+        assert await b.get(ctx, lp.BoardReg.PORT_ENABLE) == 1 and ctx.get(b.dut.port_enable) == 1
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | held | enabled  # 'L' cleared
+        assert await b.load(ctx, 0x40, bytes(range(8))) == 0
+        assert await b.crc(ctx, 0x40, 8) == (zlib.crc32(bytes(range(8))), 0)
+        await b.put(ctx, lp.BoardReg.PORT_ENABLE, 2)                   # bit 0 clear: held again
+        assert ctx.get(b.dut.port_enable) == 0
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | held
+        assert (await b.crc(ctx, 0x40, 8))[1] == lp.DramStatus.NOT_READY
+        assert await b.command(ctx, bytes([lp.OP_RESET]), lp.REP_RESET) == b""
+        assert await b.get(ctx, lp.BoardReg.PORT_ENABLE) == 0           # 'X' leaves the board registers
+
+    bench.run(script)
+
+
+def test_hold_port_and_ctrl_timeout_are_checked():
+    # no core passed: the checks come before the default core is built
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)     # the refused instances are never elaborated
+        with pytest.raises(TypeError, match="hold_port"):
+            DRAMBoard(build=BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, hold_port=1)
+        with pytest.raises(ValueError, match="ctrl_timeout"):
+            DRAMBoard(build=BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, ctrl_timeout=0)
+        gc.collect()
+
+
+#: power-up writes for the sequencer of test_ctrl_with_the_power_up_sequencer: (byte address, value, delay)
+INIT = ((0x1000, 0xE, 0), (0x1004, 0xF, 300), (0x1000, 0x1, 0), (0x0, 0x1, 0))
+
+
+class ControlledBoard(wiring.Component):
+    """A ``hold_port`` :class:`DRAMBoard` behind :class:`hw.dram_init.DRAMControl` (the power-up sequencer, the
+    control-bus arbiter and the port gate of :class:`hw.dram.LiteDRAMCore`), joined as a board top joins the
+    board to the core: ``ctrl`` to ``ctrl``, ``port`` to ``port``, ``port_enable`` to ``port_enable``,
+    ``dram_ready``/``dram_error`` from the sequencer. ``port`` and ``ctrl`` here are the generated core's side
+    (``core_port``, ``bus``); ``dram_ready``/``dram_error`` are unused (the bench sets them)."""
+
+    def __init__(self):
+        super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
+                          "port": Out(NativePortSignature(addr_width=ADDR_WIDTH, data_width=16)),
+                          "ctrl": Out(WishboneSignature()), "dram_ready": In(1), "dram_error": In(1),
+                          "init_done": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.board = board = small_board(hold_port=True)
+        m.submodules.control = control = DRAMControl(writes=INIT, addr_width=ADDR_WIDTH, data_width=16,
+                                                     hold_port=True)
+        connect(m, flipped(self.rx), board.rx)
+        connect(m, board.tx, flipped(self.tx))
+        connect(m, board.ctrl, control.ctrl)
+        connect(m, board.port, control.port)
+        connect(m, control.core_port, flipped(self.port))
+        connect(m, control.bus, flipped(self.ctrl))
+        m.d.comb += [control.port_enable.eq(board.port_enable), board.dram_ready.eq(control.done),
+                     board.dram_error.eq(control.error), self.init_done.eq(control.done)]
+        return m
+
+
+def test_ctrl_with_the_power_up_sequencer():
+    """Board and DRAMControl joined: while the sequencer plays its writes the board answers BUSY and only the
+    sequencer's transfers reach the bus; then 'K' reads what it wrote and 'J' writes; the port stays held
+    (NOT_READY, no port command) until PORT_ENABLE, then 'L' and 'C' run through the gate."""
+    mem = blank_mem()
+    bench = Bench(ControlledBoard(), mem)
+    data = bytes(range(3, 43, 2)) + bytes(4)
+
+    async def script(ctx, b):
+        assert await b.ctrl_read(ctx, 0x1000) == (lp.CtrlStatus.BUSY, 0)
+        assert await b.ctrl_write(ctx, 0x800, 7) == lp.CtrlStatus.BUSY
+        assert not ctx.get(b.dut.init_done)
+        for _ in range(1000):
+            if ctx.get(b.dut.init_done):
+                break
+            await ctx.tick()
+        assert [(adr << 2, v) for _, adr, v in b.wb.transfers] == [(a, v) for a, v, _ in INIT]
+        assert await b.ctrl_read(ctx, 0x1000) == (0, 0x1) and await b.ctrl_read(ctx, 0x1004) == (0, 0xF)
+        assert await b.ctrl_write(ctx, 0x800, 7) == 0 and b.wb.regs[0x800 >> 2] == 7
+        assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | lp.BoardStatus.PORT_HELD
+        assert await b.load(ctx, 0x80, data) == lp.DramStatus.NOT_READY and b.model.writes_taken == 0
+        await b.put(ctx, lp.BoardReg.PORT_ENABLE, 1)
+        assert await b.load(ctx, 0x80, data) == 0 and mem_bytes(mem, 0x80, len(data)) == data
+        assert await b.crc(ctx, 0x80, len(data)) == (zlib.crc32(data), 0)
 
     bench.run(script)
 

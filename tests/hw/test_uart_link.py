@@ -165,6 +165,12 @@ def test_stream_only_bridge_has_no_board_commands(port):
     port.write(bytes([ul.OP_BOARD_READ, 0x00]))
     assert port.read(2) == bytes([ul.REP_UNKNOWN]) * 2
     assert UartLink(port, timeout=5.0).read(R.ID_MAGIC) == isa.ID_MAGIC
+    # the control-bus commands of link version 3 too, with argument bytes that are no opcode either
+    port.write(bytes([ul.OP_CTRL_READ, 0, 0, 0, 0, ul.OP_CTRL_WRITE, 0, 0, 0, 0, 0, 0, 0, 0]))
+    assert port.read(14) == bytes([ul.REP_UNKNOWN]) * 14
+    assert UartLink(port, timeout=5.0).read(R.ID_LANES) == ID_VALUES[R.ID_LANES]
+    members = ul.LinkBridge(board=True).signature.members["board"].signature.members
+    assert {"ctrl_cmd", "ctrl_done"} <= set(members)
 
 
 def test_constants_are_the_protocol_modules():
