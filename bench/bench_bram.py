@@ -6,7 +6,9 @@ and at the 370M shape.
 Label of every figure: **synthesized (Yosys memory mapping), not placed**. The design is converted to RTLIL
 (``amaranth.back.rtlil``) and run through YoWASP Yosys ``synth_ecp5 -top top -run :map_ffram`` (everything up
 to and including ``map_ram``: ``memory_libmap`` chooses block RAM, LUT RAM or flip-flops for each memory, and
-``techmap`` turns the choice into ``DP16KD`` / ``PDPW16KD`` / ``TRELLIS_DPR16X4`` cells). The later passes of
+``techmap`` turns the choice into ``DP16KD`` / ``PDPW16KD`` / ``TRELLIS_DPR16X4`` cells), run in two halves
+with the ``$mem_v2`` cells dumped between them: the memories as Yosys maps them, after its optimisations
+removed the read ports nothing reads (the QC buffer's narrow port, for one). The later passes of
 ``synth_ecp5`` (``abc9``, flip-flop and LUT mapping) do not add or remove block RAMs, and nextpnr packs each
 ``DP16KD`` as one of the part's 208 (LFE5UM5G-85F: 208 x 18 Kbit).
 
@@ -78,8 +80,11 @@ COMMITTED_REPORT = REPO / "bitstreams" / "ecpix5-85f" / "report.json"
 BOARD = "ecpix5-85f"
 
 LABEL = "synthesized (Yosys memory mapping), not placed"
-#: The Yosys flow: synth_ecp5 up to and including map_ram (memory_libmap and the block/LUT RAM techmap).
+#: The Yosys flow: synth_ecp5 up to and including map_ram (memory_libmap and the block/LUT RAM techmap), in two
+#: halves: the memories are dumped between them (:func:`parse_yosys_memories`).
 FLOW = "synth_ecp5 -top top -run :map_ffram"
+FLOW_BEFORE_LIBMAP = "synth_ecp5 -top top -run :map_ram"
+FLOW_LIBMAP = "synth_ecp5 -top top -run map_ram:map_ffram"
 
 PART = "LFE5UM5G-85F"
 #: DP16KD (18 Kbit EBR) blocks of the part.
@@ -150,6 +155,8 @@ class MemoryInfo:
         Words, bits per word.
     sync_reads, async_reads, writes : int
         Read ports with a clock, read ports without one, write ports.
+    src : str
+        Where the memory was made (Yosys' ``src`` attribute: the Amaranth source line), "" when unknown.
     """
 
     name: str
@@ -158,6 +165,7 @@ class MemoryInfo:
     sync_reads: int
     async_reads: int
     writes: int
+    src: str = ""
 
     @property
     def bits(self) -> int:
@@ -228,6 +236,36 @@ def parse_rtlil_memories(text: str, top: str = "top") -> dict[str, MemoryInfo]:
         full = f"{path}.{name}" if path else name
         c = ports.get((mod, name), Counter())
         out[full] = MemoryInfo(full, size, width, c["sync"], c["async"], c["write"])
+    return out
+
+
+def parse_yosys_memories(text: str) -> dict[str, MemoryInfo]:
+    """The ``$mem_v2`` cells of a Yosys ``dump`` (taken after ``synth_ecp5``'s ``coarse`` step, just before
+    ``memory_libmap``): what Yosys maps, after its optimisations removed unused read ports and merged output
+    registers. Name from ``MEMID``; ``RD_CLK_ENABLE``'s set bits are the synchronous read ports."""
+    out = {}
+    src, params, in_cell = "", {}, False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("attribute \\src ") and not in_cell:
+            src = s.split(None, 2)[2].strip('"')
+        elif s.startswith("cell $mem_v2 "):
+            in_cell, params = True, {}
+        elif s.startswith("parameter ") and in_cell:
+            tok = s.split(None, 2)
+            if _unescape(tok[1]) != "INIT":
+                params[_unescape(tok[1])] = tok[2]
+        elif s == "end" and in_cell:
+            name = _unescape(params["MEMID"].strip('"').replace("\\\\", "\\"))
+            rd = int(params["RD_PORTS"])
+            clk = params.get("RD_CLK_ENABLE", "0")
+            bits = clk.split("'", 1)[1] if "'" in clk else format(int(clk), f"0{max(rd, 1)}b")
+            sync = bits.count("1") if rd else 0
+            out[name] = MemoryInfo(name, int(params["SIZE"]), int(params["WIDTH"]), sync, rd - sync,
+                                   int(params["WR_PORTS"]), src)
+            in_cell, src = False, ""
+        elif not s.startswith(("attribute", "parameter", "connect")) and not in_cell:
+            src = ""
     return out
 
 
@@ -304,9 +342,10 @@ def run_yosys(il: Path, workdir: Path, timeout: float, yosys: list[str] | None =
     """
     yosys = yosys or yosys_command()
     lists = "; ".join(f"tee -q -o cells_{t}.txt select -list t:{t}" for t in MAPPED_CELLS)
-    script = f"read_rtlil {il.name}; {FLOW}; tee -q -o stat.json stat -json; {lists}"
+    script = (f"read_rtlil {il.name}; {FLOW_BEFORE_LIBMAP}; tee -q -o memories.il dump t:$mem_v2; {FLOW_LIBMAP}; "
+              f"tee -q -o stat.json stat -json; {lists}")
     cmd = [*yosys, "-q", "-l", "yosys.log", "-p", script]
-    for f in ("yosys.log", "stat.json", *(f"cells_{t}.txt" for t in MAPPED_CELLS)):
+    for f in ("yosys.log", "stat.json", "memories.il", *(f"cells_{t}.txt" for t in MAPPED_CELLS)):
         (workdir / f).unlink(missing_ok=True)
     load_before, t0 = os.getloadavg(), time.monotonic()
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -339,24 +378,32 @@ def map_memories(elaboratable, ports, workdir: Path, *, timeout: float = 1800.0,
     run["convert_seconds"] = convert_s
     run["rtlil_sha256"] = hashlib.sha256(text.encode()).hexdigest()
     mems = parse_rtlil_memories(text)
+    mapped = parse_yosys_memories((workdir / "memories.il").read_text(errors="replace"))
     choice = parse_libmap_log((workdir / "yosys.log").read_text(errors="replace"))
     cells = {t: parse_cell_list((workdir / f"cells_{t}.txt").read_text()) for t in MAPPED_CELLS}
     stat = json.loads((workdir / "stat.json").read_text())
     by_type = stat["design"]["num_cells_by_type"] if "design" in stat else {}
-    entry = summarise(mems, choice, cells)
+    entry = summarise(mems, choice, cells, mapped)
     entry["yosys"] = run
     entry["stat_cells"] = {t: by_type.get(t, 0) for t in MAPPED_CELLS}
     entry["workdir"] = str(workdir.relative_to(REPO)) if workdir.is_relative_to(REPO) else str(workdir)
     return entry
 
 
-def summarise(mems: dict[str, MemoryInfo], choice: dict[str, str], cells: dict[str, list[str]]) -> dict:
+def summarise(mems: dict[str, MemoryInfo], choice: dict[str, str], cells: dict[str, list[str]],
+              mapped: dict[str, MemoryInfo] | None = None) -> dict:
     """Per memory and per buffer: depth x width, ports, Yosys' choice, DP16KD/PDPW16KD/LUT-RAM cells and the
-    formula's DP16KD; totals; the unattributed cells."""
-    per, lost = attribute(cells, list(mems) + list(choice))
+    formula's DP16KD; totals; the unattributed cells.
+
+    ``mems`` are the memories as the RTLIL declares them, ``mapped`` as Yosys has them just before
+    ``memory_libmap`` (:func:`parse_yosys_memories`; read ports nothing reads are gone): the ports and the
+    formula come from ``mapped`` where it has the memory, else from ``mems`` (``declared_*`` keep the RTLIL's).
+    """
+    mapped = mapped or {}
+    per, lost = attribute(cells, list(mems) + list(choice) + list(mapped))
     rows = []
-    for name in sorted(set(mems) | set(choice) | set(per)):
-        m = mems.get(name)
+    for name in sorted(set(mems) | set(choice) | set(per) | set(mapped)):
+        m = mapped.get(name) or mems.get(name)
         c = per.get(name, Counter())
         bram = sum(c[t] for t in BRAM_CELLS)
         row = {"memory": name, "buffer": buffer_of(name), "mapped_as": choice.get(name, "removed"),
@@ -364,10 +411,13 @@ def summarise(mems: dict[str, MemoryInfo], choice: dict[str, str], cells: dict[s
         if m is not None:
             exp = expected_blocks(m)
             row.update(depth=m.depth, width=m.width, bits=m.bits, sync_reads=m.sync_reads,
-                       async_reads=m.async_reads, writes=m.writes, expected_dp16kd=exp,
+                       async_reads=m.async_reads, writes=m.writes, src=m.src, expected_dp16kd=exp,
                        expected_lutram_cells=lutram_cells(m.depth, m.width,
                                                           copies=max(1, m.sync_reads + m.async_reads)))
             row["formula_agrees"] = None if not bram or exp is None else exp == bram
+        if name in mems:
+            d = mems[name]
+            row.update(declared_sync_reads=d.sync_reads, declared_async_reads=d.async_reads, declared_writes=d.writes)
         rows.append(row)
     buffers: dict[str, dict] = {}
     for r in rows:
@@ -380,11 +430,11 @@ def summarise(mems: dict[str, MemoryInfo], choice: dict[str, str], cells: dict[s
             b["bits"] += r["bits"]
         b["dp16kd"] += r["dp16kd"]
         b["lutram_cells"] += r["lutram_cells"]
-        if "DP16KD" in r["mapped_as"]:      # the formula counts block RAM only where Yosys chose it
+        if r["mapped_as"].strip("$_") in BRAM_CELLS:     # the formula counts block RAM where Yosys chose it
             b["expected_dp16kd"] += r.get("expected_dp16kd") or 0
     for b in buffers.values():
         b["shapes"] = dict(b["shapes"])
-    total_cells = {t: len(v) for t, v in cells.items()}
+    total_cells = {t: len(cells.get(t, ())) for t in MAPPED_CELLS}
     attributed = {t: sum(c[t] for c in per.values()) for t in MAPPED_CELLS}
     dp = sum(total_cells[t] for t in BRAM_CELLS)
     return {"memories": rows, "buffers": sorted(buffers.values(), key=lambda b: -b["dp16kd"]),

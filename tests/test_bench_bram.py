@@ -92,6 +92,48 @@ def test_parse_rtlil_memories():
                     "gear.decode.base3_rom": bb.MemoryInfo("gear.decode.base3_rom", 256, 10, 0, 1, 0)}
 
 
+DUMP = r"""
+  attribute \src "/work/main/hw/vbuf.py:93"
+  attribute \hdlname "core buf_qc bank3"
+  cell $mem_v2 \core.buf_qc.bank3
+    parameter \MEMID "\\core.buf_qc.bank3"
+    parameter \WIDTH 32
+    parameter \SIZE 704
+    parameter \RD_PORTS 1
+    parameter \RD_CLK_ENABLE 1'1
+    parameter \WR_PORTS 1
+    parameter \INIT 64'x
+    connect \RD_DATA \x
+  end
+  cell $mem_v2 \rom
+    parameter \MEMID "\\rom"
+    parameter \WIDTH 10
+    parameter \SIZE 256
+    parameter \RD_PORTS 3
+    parameter \RD_CLK_ENABLE 3'010
+    parameter \WR_PORTS 0
+  end
+"""
+
+
+def test_parse_yosys_memories():
+    mems = bb.parse_yosys_memories(DUMP)
+    src = "/work/main/hw/vbuf.py:93"
+    assert mems == {"core.buf_qc.bank3": bb.MemoryInfo("core.buf_qc.bank3", 704, 32, 1, 0, 1, src),
+                    "rom": bb.MemoryInfo("rom", 256, 10, 1, 2, 0, "")}
+
+
+def test_summarise_prefers_the_mapped_ports():
+    """A read port Yosys removed (nothing reads it) is not a copy: the formula follows the mapped memory."""
+    declared = {"q": bb.MemoryInfo("q", 704, 32, 2, 0, 1)}
+    mapped = {"q": bb.MemoryInfo("q", 704, 32, 1, 0, 1)}
+    cells = {"DP16KD": ["q.0.0", "q.0.1"]}
+    row = bb.summarise(declared, {"q": "$__DP16KD_"}, cells, mapped)["memories"][0]
+    assert (row["expected_dp16kd"], row["formula_agrees"], row["declared_sync_reads"]) == (2, True, 2)
+    row = bb.summarise(declared, {"q": "$__DP16KD_"}, cells)["memories"][0]
+    assert (row["expected_dp16kd"], row["formula_agrees"]) == (4, False)
+
+
 def test_parse_libmap_log_and_cells():
     log = ("2.28. Executing MEMORY_LIBMAP pass (mapping memories to cells).\n"
            "using FF mapping for memory top.wfifo.decode.base3_rom\n"
@@ -160,6 +202,7 @@ def test_vector_buffer_mapped_and_attributed(tmp_path, yosys):
     assert e["stat_cells"]["DP16KD"] == 16
     assert {r["memory"]: r["dp16kd"] for r in e["memories"]} == {f"bank{k}": 4 for k in range(4)}
     assert all(r["formula_agrees"] for r in e["memories"])
+    assert all("hw/vbuf.py:" in r["src"] for r in e["memories"])      # where the Memory( was made
     cache = bb.state_cache(1024, tmp_path / "cache", 300, yosys)
     assert (cache["depth"], cache["width"], cache["sync_reads"]) == (2048, 32, 2)
     assert cache["dp16kd"] == cache["expected_dp16kd"] == 8
