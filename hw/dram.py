@@ -18,10 +18,11 @@ each cached in a build folder keyed by (config bytes, litedram/litex/migen versi
   (ECP5DDRPHY's read-leveling registers) the simulation core carries registers of the same names and sizes, so
   that its CSR map, and with it the power-up writes, equal the hardware core's.
 
-:class:`LiteDRAMCore` wraps either as an Amaranth ``Instance`` in the ``sync`` domain (the controller clock)
-and runs the DRAM's power-up sequence itself (:class:`hw.dram_init.DFIIInitSequencer`, the sequence of
-``litedram.init.get_sdram_phy_init_sequence`` over the core's Wishbone control bus, as LiteX's BIOS
-``sdram_init`` does), so that ``init_done`` rises without a soft CPU.
+:class:`LiteDRAMCore` wraps either as an Amaranth ``Instance`` in the controller clock's domain (``sync``, or
+for the DDR3 hardware core the clock it makes itself, ``dram_clk``) and runs the DRAM's power-up sequence
+itself (:class:`hw.dram_init.DFIIInitSequencer`, the sequence of ``litedram.init.get_sdram_phy_init_sequence``
+over the core's Wishbone control bus, as LiteX's BIOS ``sdram_init`` does), so that ``init_done`` rises
+without a soft CPU.
 
 The generator functions import LiteDRAM lazily: this module imports (and :class:`NativePortSignature`
 works) without the ``dram`` extra; :func:`litedram_available` says whether it is installed.
@@ -44,7 +45,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from amaranth.hdl import ClockSignal, Const, Instance, IOValue, Module, ResetSignal, Signal
+from amaranth.hdl import ClockDomain, ClockSignal, Const, DomainRenamer, Instance, IOValue, Module, ResetSignal, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -52,7 +53,7 @@ __all__ = ["ULX3S_CONFIG", "ECPIX5_CONFIG", "DEFAULT_BUILD_ROOT", "LITEDRAM_PACK
            "MT41K256M16_TRFC_NS", "local_modules", "register_modules", "load_config", "core_key",
            "GeneratedCore", "generate_core", "generate_sim_core", "hardware_settings",
            "sim_settings", "init_writes", "port_geometry", "sim_monitor_layout", "NativePortSignature",
-           "native_cmd_layout", "native_wdata_layout", "LiteDRAMCore"]
+           "native_cmd_layout", "native_wdata_layout", "DDR3_OPTIONAL_PINS", "LiteDRAMCore"]
 
 CONFIG_DIR = Path(__file__).resolve().parent / "boards" / "litedram"
 #: the ULX3S 85F's SDRAM core config (GENSDRPHY, MT48LC16M16, 50 MHz, one native port)
@@ -449,7 +450,7 @@ def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str | None = 
 
     The ECPIX-5 (DDR3) core differs from the ULX3S one beyond its pins: its ``clk`` input is the board's
     100 MHz oscillator, and the controller clock (75 MHz) comes out of its own PLL on ``user_clk`` (with
-    ``pll_locked``); :class:`LiteDRAMCore` does not wrap it (docs/DDR3.md).
+    ``pll_locked``), which :class:`LiteDRAMCore` passes out as ``dram_clk`` (docs/DDR3.md).
 
     Raises
     ------
@@ -820,18 +821,40 @@ class NativePortSignature(wiring.Signature):
         return f"NativePortSignature(addr_width={self._addr_width}, data_width={self._data_width})"
 
 
+#: DDR3 pins the board may leave unconnected (outputs the ECPIX-5 does not wire: one rank, RESET# tied on the
+#: board; LITEDRAM.md): :class:`LiteDRAMCore` takes them in ``pins`` or leaves the Instance's outputs open
+DDR3_OPTIONAL_PINS = frozenset({"cs_n", "reset_n"})
+
+
 class LiteDRAMCore(wiring.Component):
-    """A generated LiteDRAM core (:class:`GeneratedCore`) as an Amaranth component in the ``sync`` domain.
+    """A generated LiteDRAM core (:class:`GeneratedCore`) as an Amaranth component.
 
-    The ``sync`` clock is the controller clock (``clk`` of the generated module; 50 MHz on the ULX3S) and
-    ``sync`` reset its reset (synchronised inside). The DRAM's power-up sequence runs by itself after reset
-    (:class:`hw.dram_init.DFIIInitSequencer`, :attr:`GeneratedCore.init`); until ``init_done`` the core holds
-    ``port`` (``cmd.ready`` low: ``block_until_ready``).
+    **Clocks.** For an SDR core and for every simulation core the component is in the ``sync`` domain: the
+    ``sync`` clock is the controller clock (``clk`` of the generated module; 50 MHz on the ULX3S, 75 MHz for
+    the ECPIX-5 simulation core) and ``sync`` reset its reset (synchronised inside). A **DDR3 hardware core**
+    (``core.memtype == "DDR3"``, not ``core.sim``; the ECPIX-5) makes its controller clock itself: the board's
+    oscillator comes in on ``osc`` (the module's ``clk``: 100 MHz, ``input_clk_freq`` of the config), the
+    core's PLL, ECLKSYNCB and CLKDIVF make sys2x (150 MHz), init (25 MHz) and the controller clock (75 MHz),
+    which comes out on ``dram_clk`` with its reset ``dram_rst`` (the module's ``user_clk``/``user_rst``; the
+    reset is held until the PLL locks and the DDRDLLA start-up is done, and released synchronously to
+    ``dram_clk``) and ``pll_locked``. The board top makes a clock domain of them (``m.domains.dram =
+    ClockDomain()``, ``ClockSignal("dram").eq(dram_clk)``, ``ResetSignal("dram").eq(dram_rst)``) and uses it
+    for ``port``, ``ctrl``, ``port_enable``, ``init_done`` and ``init_error``, which are then all synchronous to
+    ``dram_clk`` (the component's own logic runs on ``dram_clk`` in a local domain); it does not use ``sync``.
+    Logic in another domain reaches the port through :class:`hw.dram_cdc.NativePortCDC`.
 
-    For a hardware core the SDRAM pins come from the board top as ``pins``: name -> raw IO value
-    (``platform.request(..., dir="-")`` in Amaranth 0.5), the names of :attr:`GeneratedCore.sdram_pins`
-    (amaranth-boards' ULX3S ``sdram`` resource calls ``dm`` ``dqm``: pass it as ``dm``). The SDRAM clock pin is
-    not driven here: the board top drives it with a phase-shifted copy of the controller clock (LITEDRAM.md).
+    The DRAM's power-up sequence runs by itself after reset (:class:`hw.dram_init.DFIIInitSequencer`,
+    :attr:`GeneratedCore.init`); until ``init_done`` the core holds ``port`` (``cmd.ready`` low:
+    ``block_until_ready``).
+
+    **Pins.** For a hardware core the DRAM pins come from the board top as ``pins``: name -> raw IO value
+    (``platform.request(..., dir="-")`` in Amaranth 0.5), the names of :attr:`GeneratedCore.sdram_pins`.
+    SDR (``sdram_<name>``): all of them (amaranth-boards' ULX3S ``sdram`` resource calls ``dm`` ``dqm``: pass it
+    as ``dm``); the SDRAM clock pin is not driven here: the board top drives it with a phase-shifted copy of the
+    controller clock (LITEDRAM.md). DDR3 (``ddram_<name>``, :data:`DDR3_PINS`): every ``o`` and ``io`` pin
+    (``clk_p`` and ``dqs_p`` are the true sides of differential pads: give them the ``SSTL15D_I`` IO type and
+    the complement follows), except :data:`DDR3_OPTIONAL_PINS`, which may be left out (their outputs stay
+    open); never the ``nc`` pins ``clk_n``/``dqs_n`` (tied low here: the core never uses them).
 
     Parameters
     ----------
@@ -839,11 +862,12 @@ class LiteDRAMCore(wiring.Component):
     pins : mapping of str to IOValue, optional
         Required for a hardware core, refused for a simulation core.
     init_timeout : int, >= 1
-        Cycles a control-bus write may wait for its ``ack`` before ``init_error`` (default 1024).
+        Cycles of the controller clock a control-bus write may wait for its ``ack`` before ``init_error``
+        (default 1024).
     hold_port : bool
         False (default, the ULX3S): the port is enabled as soon as the power-up sequence has run. True: it
         stays blocked after that (``cmd.ready`` low, no command reaches the core) while ``port_enable`` is
-        low, so that the host can level the DRAM over ``ctrl`` first (docs/DDR3.md).
+        low, so that the host can level the DRAM over ``ctrl`` first (docs/DDR3.md). The ECPIX-5 wants True.
 
     Members
     -------
@@ -866,15 +890,25 @@ class LiteDRAMCore(wiring.Component):
         ``ddrctrl_init_error`` CSR is set.
     monitor : Out(sim_monitor_layout())
         Simulation cores only: DFI command counters (:func:`sim_monitor_layout`).
+    osc : In(1)
+        DDR3 hardware cores only: the board oscillator (``input_clk_freq`` of the config, 100 MHz on the
+        ECPIX-5), straight from its pin (the core's PLL input).
+    osc_rst : In(1)
+        DDR3 hardware cores only: resets the core's PLL and with it everything (active high, asynchronous;
+        tie low: the core has a power-on reset of 65,536 oscillator cycles of its own).
+    dram_clk, dram_rst : Out(1)
+        DDR3 hardware cores only: the controller clock (``sys_clk_freq``, 75 MHz) and its reset, for the board
+        top's ``dram`` domain (above).
+    pll_locked : Out(1)
+        DDR3 hardware cores only: the core's PLL is locked (asynchronous; for an LED or a status register).
 
     Raises
     ------
     TypeError
-        If ``core`` is not a :class:`GeneratedCore`.
+        If ``core`` is not a :class:`GeneratedCore` or ``hold_port`` is not a bool.
     ValueError
-        If ``pins`` is missing, superfluous, or names other pins than the core has; or ``core`` is a DDR3
-        hardware core (its ``clk`` is the board's 100 MHz oscillator, not the controller clock; a DDR3
-        simulation core is wrapped like an SDR one).
+        If ``pins`` is missing, names pins the core lacks (or an ``nc`` pin), lacks a required pin, or holds
+        a value other than an IOValue.
     """
 
     def __init__(self, core: GeneratedCore, *, pins: Mapping | None = None, init_timeout: int = 1024,
@@ -883,16 +917,16 @@ class LiteDRAMCore(wiring.Component):
 
         if not isinstance(core, GeneratedCore):
             raise TypeError(f"core must be a GeneratedCore, not {core!r}")
-        if not core.sim and core.memtype != "SDR":
-            raise ValueError(f"{core.name}: a {core.memtype} hardware core takes the board oscillator on clk and "
-                             f"makes the controller clock itself (user_clk); this wrapper drives clk from sync "
-                             f"(SDR cores and simulation cores only; docs/DDR3.md)")
         if core.sim and pins is not None:
             raise ValueError("a simulation core has no SDRAM pins: pass pins=None")
+        self._own_clock = not core.sim and core.memtype == "DDR3"
         if not core.sim:
-            if pins is None or set(pins) != set(core.sdram_pins):
-                raise ValueError(f"pins must name exactly {sorted(core.sdram_pins)}, got "
-                                 f"{None if pins is None else sorted(pins)}")
+            usable = {k for k, (d, _) in core.sdram_pins.items() if d != "nc"}
+            required = usable - (DDR3_OPTIONAL_PINS if self._own_clock else frozenset())
+            if pins is None or not required <= set(pins) <= usable:
+                raise ValueError(f"pins must name {sorted(required)}"
+                                 + (f" (and may name {sorted(usable - required)})" if usable - required else "")
+                                 + f", got {None if pins is None else sorted(pins)}")
             for k, v in pins.items():
                 if not isinstance(v, IOValue):
                     raise ValueError(f"pin {k!r} must be an IOValue (platform.request(..., dir='-')), got {v!r}")
@@ -908,6 +942,8 @@ class LiteDRAMCore(wiring.Component):
         }
         if core.sim:
             members["monitor"] = Out(sim_monitor_layout())
+        if self._own_clock:
+            members.update(osc=In(1), osc_rst=In(1), dram_clk=Out(1), dram_rst=Out(1), pll_locked=Out(1))
         super().__init__(members)
 
     @property
@@ -922,9 +958,15 @@ class LiteDRAMCore(wiring.Component):
         from hw.dram_init import DRAMControl
 
         m = Module()
-        m.submodules.control = control = DRAMControl(
-            writes=self._core.init, addr_width=self._core.addr_width, data_width=self._core.data_width,
-            timeout=self._init_timeout, hold_port=self._hold)
+        control = DRAMControl(writes=self._core.init, addr_width=self._core.addr_width,
+                              data_width=self._core.data_width, timeout=self._init_timeout, hold_port=self._hold)
+        if self._own_clock:   # the controller clock is the core's own user_clk: a local domain on it
+            m.domains.litedram_user = ClockDomain("litedram_user", local=True)
+            m.submodules.control = DomainRenamer({"sync": "litedram_user"})(control)
+            clk, rst = self.osc, self.osc_rst
+        else:
+            m.submodules.control = control
+            clk, rst = ClockSignal("sync"), ResetSignal("sync")
         wiring.connect(m, wiring.flipped(self.port), control.port)
         wiring.connect(m, wiring.flipped(self.ctrl), control.ctrl)
         m.d.comb += control.port_enable.eq(self.port_enable)
@@ -932,7 +974,7 @@ class LiteDRAMCore(wiring.Component):
         port, bus = control.core_port, control.bus
         done, error = Signal(), Signal()
         ports = {
-            "i_clk": ClockSignal("sync"), "i_rst": ResetSignal("sync"),
+            "i_clk": clk, "i_rst": rst,
             "o_init_done": done, "o_init_error": error,
             "i_wb_ctrl_adr": bus.adr, "i_wb_ctrl_dat_w": bus.dat_w, "o_wb_ctrl_dat_r": bus.dat_r,
             "i_wb_ctrl_sel": Const(0xF, 4), "i_wb_ctrl_cyc": bus.cyc, "i_wb_ctrl_stb": bus.stb,
@@ -946,8 +988,15 @@ class LiteDRAMCore(wiring.Component):
             f"o_{p}rdata_data": port.rdata.payload,
             "o_user_clk": Signal(), "o_user_rst": Signal(),
         }
+        prefix = "ddram" if self._core.memtype == "DDR3" else "sdram"
         for k, pin in self._pins.items():
-            ports[f"{'io' if self._core.sdram_pins[k][0] == 'io' else 'o'}_sdram_{k}"] = pin
+            ports[f"{'io' if self._core.sdram_pins[k][0] == 'io' else 'o'}_{prefix}_{k}"] = pin
+        if self._own_clock:
+            ports.update(o_user_clk=self.dram_clk, o_user_rst=self.dram_rst, o_pll_locked=self.pll_locked)
+            m.d.comb += [ClockSignal("litedram_user").eq(self.dram_clk), ResetSignal("litedram_user").eq(self.dram_rst)]
+            for k, (d, w) in self._core.sdram_pins.items():
+                if d == "nc":
+                    ports[f"i_{prefix}_{k}"] = Const(0, w)
         if self._core.sim:
             ports["i_sim_trace"] = Const(0, 1)
             for name in sim_monitor_layout().members:

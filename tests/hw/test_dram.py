@@ -302,17 +302,52 @@ def test_ddr3_init_writes_follow_the_jedec_sequence(ecpix5_cores):
     assert steps[4][1] == 0x400 and steps[4][3] >= dram.DDR3_TZQINIT_NCK // 2 == 256
 
 
-def test_wrapper_refuses_a_ddr3_hardware_core_and_wraps_its_sim_core(ecpix5_cores):
+def _ddr3_pins(core, skip=dram.DDR3_OPTIONAL_PINS):
+    return {k: IOPort(w, name=f"ddram_{k}") for k, (d, w) in core.sdram_pins.items() if d != "nc" and k not in skip}
+
+
+def test_wrapper_wraps_the_ddr3_cores(ecpix5_cores):
+    """The DDR3 hardware core: oscillator in on clk, user_clk/user_rst/pll_locked out, every ddram_ pin by the
+    generated module's own port names (parsed from its header); the logic beside it runs on user_clk. The DDR3
+    simulation core is wrapped as an SDR one, in sync."""
     hw, sim, _ = ecpix5_cores
+    wrapper = dram.LiteDRAMCore(hw, pins=_ddr3_pins(hw), hold_port=True)
+    for name in ("osc", "osc_rst", "dram_clk", "dram_rst", "pll_locked", "ctrl", "port_enable"):
+        assert name in wrapper.signature.members, name
+    assert wrapper.port.signature == dram.NativePortSignature(addr_width=25, data_width=128)
+    text = verilog.convert(wrapper, ports=[wrapper.osc, wrapper.osc_rst, wrapper.dram_clk, wrapper.dram_rst,
+                                           wrapper.pll_locked, wrapper.init_done], name="top")
+    header = hw.verilog[0].read_text()
+    # the optional outputs left out stay open (not in the Instance); given, every port is connected
+    assert _instance_ports(text, hw.name) == _module_ports(header, hw.name) - {f"ddram_{k}" for k in
+                                                                             dram.DDR3_OPTIONAL_PINS}
+    full = verilog.convert(dram.LiteDRAMCore(hw, pins=_ddr3_pins(hw, skip=())), ports=[], name="top")
+    assert _instance_ports(full, hw.name) == _module_ports(header, hw.name)
+    body = re.search(rf"\b{hw.name} \w+ \((.*?)\);", text, re.S).group(1)
+    assert re.search(r"\.clk\(osc\)", body) and re.search(r"\.rst\(osc_rst\)", body)
+    assert re.search(r"\.user_clk\(dram_clk\)", body)
+    user_rst = re.search(r"\.user_rst\((\w+)\)", body).group(1)
+    assert user_rst == "dram_rst" or f"assign dram_rst = {user_rst};" in text
+    assert re.search(r"\.pll_locked\(pll_locked\)", body)
+    for k in set(dram.DDR3_PINS) - dram.DDR3_OPTIONAL_PINS:
+        assert re.search(rf"\.ddram_{k}\(", body), k
+    assert re.search(r"\.ddram_dqs_n\(2'h0\)", body) and re.search(r"\.ddram_clk_n\(1'h0\)", body)
+    # the sequencer and the arbiter are clocked by the core's user_clk, nothing by a sync clock
+    assert set(re.findall(r"posedge ([\\\w.]+)", text)) == {"litedram_user_clk"}
+    assert "assign litedram_user_clk = dram_clk;" in text and f".litedram_user_rst({user_rst})" in text
+    # nc pins and a missing required pin are refused
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusedElaboratable)
-        with pytest.raises(ValueError, match="DDR3 hardware core"):
-            dram.LiteDRAMCore(hw, pins={})
+        for bad in ({**_ddr3_pins(hw), "dqs_n": IOPort(2, name="dqs_n")},
+                    {k: v for k, v in _ddr3_pins(hw).items() if k != "odt"}):
+            with pytest.raises(ValueError, match="pins must name"):
+                dram.LiteDRAMCore(hw, pins=bad)
         gc.collect()
-    wrapper = dram.LiteDRAMCore(sim)
-    assert wrapper.port.signature == dram.NativePortSignature(addr_width=25, data_width=128)
-    text = verilog.convert(wrapper, ports=[], name="top")
-    assert _instance_ports(text, sim.name) == _module_ports(sim.verilog[0].read_text(), sim.name)
+    simw = dram.LiteDRAMCore(sim)
+    assert "osc" not in simw.signature.members and "dram_clk" not in simw.signature.members
+    assert simw.port.signature == dram.NativePortSignature(addr_width=25, data_width=128)
+    stext = verilog.convert(simw, ports=[], name="top")
+    assert _instance_ports(stext, sim.name) == _module_ports(sim.verilog[0].read_text(), sim.name)
 
 
 # ------------------------------------------------------------------ the DDR3 simulation core in Verilator
