@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 from hw.boards import __main__ as dispatcher
 from hw.boards import ecp5
 from hw.dram import NativePortSignature
+from hw.dram_init import WishboneSignature
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -323,7 +324,7 @@ class StandInBoard(wiring.Component):
         super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
                           "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
                           "dram_ready": In(1), "dram_error": In(1), "rx_overflow": In(1), "framing": In(16),
-                          "irq": Out(1)})
+                          "irq": Out(1), "ctrl": Out(WishboneSignature()), "port_enable": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -333,7 +334,7 @@ class StandInBoard(wiring.Component):
         m.d.comb += [self.rx.ready.eq(~pending & ~full), cmd.valid.eq(pending), cmd.payload.we.eq(byte[0]),
                      cmd.payload.addr.eq(addr), self.port.wdata.payload.data.eq(Cat(byte, byte)),
                      self.port.wdata.payload.we.eq(0b11), tx.valid.eq(full), tx.payload.eq(byte ^ last ^ flags),
-                     self.irq.eq(self.dram_ready)]
+                     self.irq.eq(self.dram_ready), self.port_enable.eq(1)]   # ctrl idle (cyc low)
         m.d.sync += flags.eq(Cat(self.dram_error, self.rx_overflow, self.framing[:6]))
         with m.If(self.rx.valid & self.rx.ready):
             m.d.sync += [byte.eq(self.rx.payload), pending.eq(1)]
@@ -497,6 +498,10 @@ def test_dram_top_builds_with_the_litedram_core(tmp_path, monkeypatch):
     assert set(roles) >= {"core", "sdram"} and all(c["timing_met"] for c in rep["clocks"].values())
     assert roles["core"]["target_mhz"] == roles["sdram"]["target_mhz"] == 50.0
     assert rep["fmax_mhz"] == roles["core"]["achieved_mhz"] >= 50.0
+    # the control bus's register map travels with the bitstream (mmfree board level --csr report.json)
+    from host.leveling import load_csr_map
+
+    assert "sdram_dfii_control" in load_csr_map(bdir / "report.json")
     assert rep["pll"]["clkos"]["phase_deg"] == ecp5.SDRAM_CLK_PHASE_DEG and rep["pll"]["clkos"]["cphase"] == 19
     lite = rep["litedram"]
     assert lite["config"] == "hw/boards/litedram/ulx3s.yml" and lite["settings"]["sdram_phy"] == "GENSDRPHY"

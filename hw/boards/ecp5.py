@@ -375,7 +375,7 @@ SDRAM_PINS = {"a": "a", "ba": "ba", "ras_n": "ras", "cas_n": "cas", "we_n": "we"
 
 class LinkedDramBoard(Elaboratable):
     """A DRAM board's logic behind its serial lines: :class:`hw.boards.uart_link.UARTPhy` (the UART receiver, the
-    receive FIFO, the transmitter) and the board component (``hw.boards.dram_board.DRAMBoard``: link protocol v2,
+    receive FIFO, the transmitter) and the board component (``hw.boards.dram_board.DRAMBoard``: the link protocol,
     :mod:`hw.boards.link_protocol`). :class:`DramEcp5Top` less the PLL, the pins and the DRAM controller (the
     board's ``port``, ``dram_ready`` and ``dram_error`` are the top's to connect).
 
@@ -437,8 +437,9 @@ class DramEcp5Top(Elaboratable):
     - :class:`hw.dram.LiteDRAMCore` of the generated core with the raw SDRAM pins (:data:`SDRAM_PINS`); its Verilog
       is added to the platform's files (Yosys reads it beside the Amaranth design);
     - the board component (``hw.boards.dram_board.DRAMBoard``: the core, the DRAM reader and writer, the token
-      builder, the argmax tap, the link protocol v2) behind the UART (:class:`LinkedDramBoard`), its ``port`` on
-      the controller's native port;
+      builder, the argmax tap, the link protocol of :data:`hw.boards.link_protocol.LINK_VERSION`) behind the UART
+      (:class:`LinkedDramBoard`), its ``port`` on the controller's native port, its ``ctrl`` on the controller's
+      control bus (link version 3: the host reads and writes the CSRs), its ``port_enable`` on the core's;
     - LEDs: 0 = PLL locked, 1 = DRAM ready (the power-up sequence ran), 2 = the board's ``irq``, 3 = an error
       (the DRAM's ``init_error``, or a receive FIFO overflow: both sticky until reconfiguration).
 
@@ -518,7 +519,11 @@ class DramEcp5Top(Elaboratable):
         board = self._board(**params)
         m.submodules.linked = linked = LinkedDramBoard(board, divisor=self.divisor)
         connect(m, board.port, dram.port)
-        m.d.comb += [board.dram_ready.eq(dram.init_done), board.dram_error.eq(dram.init_error)]
+        # link version 3: the host's access to the controller's CSRs (leveling, status) and the port enable (an SDR
+        # core has no leveling: neither side holds its port, and the enable reads 1)
+        connect(m, board.ctrl, dram.ctrl)
+        m.d.comb += [board.dram_ready.eq(dram.init_done), board.dram_error.eq(dram.init_error),
+                     dram.port_enable.eq(board.port_enable)]
         uart = platform.request("uart", 0, dir="-")
         m.submodules.uart_rx_pin = rx_pin = io.Buffer("i", uart.rx)
         m.submodules.uart_tx_pin = tx_pin = io.Buffer("o", uart.tx)
@@ -629,6 +634,8 @@ def _litedram_record(config: Path, core) -> dict:
             "config_sha256": hashlib.sha256(cfg.read_bytes()).hexdigest(), "settings": load_config(cfg),
             "core": core.name, "core_key": core_key(cfg), "port_addr_width": core.addr_width,
             "port_data_width": core.data_width, "dram_bytes": core.bytes,
+            # the control bus's register map (csr.json), which `mmfree board level --csr report.json` reads
+            "csr_registers": json.loads((core.directory / "csr.json").read_text())["csr_registers"],
             "versions": {p: importlib.metadata.version(p) for p in LITEDRAM_PACKAGES}}
 
 
@@ -668,7 +675,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     placer : str
         nextpnr's placer, one of :data:`PLACERS`.
     dram : bool
-        Build :class:`DramEcp5Top` (the model in the board's DRAM, link protocol v2) instead of :class:`Ecp5Top`
+        Build :class:`DramEcp5Top` (the model in the board's DRAM, tokens over the link) instead of :class:`Ecp5Top`
         (the stream link, protocol v1); the board needs a ``dram_config``. The LiteDRAM core is generated
         (:func:`hw.dram.generate_core`, cached) and its Verilog read by Yosys with the design.
     sdram_phase_deg : float
