@@ -38,7 +38,11 @@ write and one read port only: ``PDPW16KD``) 512 x 36; a memory of ``depth x widt
 one reads); a ROM with ``R`` read ports needs ``ceil(R / 2)`` copies without the 512 x 36 shape; a memory with
 an asynchronous read port is logic, not block RAM (:func:`expected_blocks`).
 
-Variant ``shape_370m_state_in_dram``: the 370M total without the recurrent state's two banks, plus a cache
+A third point, ``dram_board_370m``, maps the DRAM top at the 370M shape
+(:func:`linked_dram_board`: the core, the DRAM reader and writer, the token builder, the argmax tap behind the
+UART; the LiteDRAM core, generated Verilog, is not counted).
+
+Variants ``<point>_state_in_dram`` (both 370M points): the total without the recurrent state's two banks, plus a cache
 for the layer in flight (its committed and its new state: 2 x hidden int32 words, with the state memory's
 ports: two synchronous reads, one write), mapped alone by the same Yosys flow (:func:`state_cache`; a model
 of the cache, not gateware in hw/).
@@ -100,7 +104,7 @@ MAPPED_CELLS = BRAM_CELLS + LUTRAM_CELLS
 #: The 370M model's shape (ridger/MMfreeLM-370M config.json).
 SHAPE_370M = {"hidden": 1024, "intermediate": 2816, "layers": 24, "vocab": 32000}
 
-#: memory name (without the ``core.`` prefix) -> buffer, first match wins
+#: memory name (less the path down to the core, :func:`buffer_of`) -> buffer, first match wins
 BUFFER_RULES = (
     (r"^state$", "recurrent state (two banks)"),
     (r"^buf_x\.", "X activation buffer"),
@@ -114,7 +118,9 @@ BUFFER_RULES = (
     (r"base3_rom$", "base-3 decode ROM"),
     (r"sigmoid_rom\d*$", "sigmoid LUT ROM"),
     (r"^epilogue\.", "epilogue delay lines"),
-    (r"^link\..*fifo", "UART receive FIFO"),
+    (r"^(link|phy)\..*fifo", "UART receive FIFO"),
+    (r"^board\.reader\.", "DRAM image reader FIFO"),
+    (r"^board\.writer\.", "DRAM writer FIFO"),
     (r"(^|\.)(w0_fifo|out_fifo)\.", "link stream registers"),
 )
 
@@ -187,9 +193,9 @@ def expected_blocks(mem: MemoryInfo) -> int | None:
 
 
 def buffer_of(name: str) -> str:
-    """The buffer a memory belongs to (:data:`BUFFER_RULES` on its name less a leading ``core.``), else
-    ``other: <name>``."""
-    short = name[len("core."):] if name.startswith("core.") else name
+    """The buffer a memory belongs to (:data:`BUFFER_RULES` on its name less the path down to the core:
+    ``core.`` or ``board.core.``), else ``other: <name>``."""
+    short = re.sub(r"^(board\.)?core\.", "", name)
     for pattern, group in BUFFER_RULES:
         if re.search(pattern, short):
             return group
@@ -454,13 +460,14 @@ def design_point():
 
 
 def committed_params():
-    """The committed ECPIX-5 bitstream's core (``bitstreams/ecpix5-85f/report.json`` ``params``) and that
-    build's DP16KD count (nextpnr utilisation), its revision."""
+    """The committed ECPIX-5 bitstream's core (``bitstreams/ecpix5-85f/report.json`` ``params``), that
+    build's DP16KD and TRELLIS_RAMW counts (nextpnr utilisation: ``{"DP16KD": n, "RAMW": n}``), its revision."""
     from hw.params import BuildParams
 
     rep = json.loads(COMMITTED_REPORT.read_text())
-    return (BuildParams.from_mapping(rep["params"]), rep["utilisation"]["DP16KD"]["used"],
-            rep.get("git_revision"))
+    util = rep["utilisation"]
+    used = {"DP16KD": util["DP16KD"]["used"], "RAMW": util.get("TRELLIS_RAMW", {}).get("used")}
+    return BuildParams.from_mapping(rep["params"]), used, rep.get("git_revision")
 
 
 def params_370m():
@@ -486,6 +493,35 @@ def linked_core(build):
     ch = CHOSEN[BOARD]
     lc = LinkedCore(Accelerator(build), divisor=round(ch["freq_mhz"] * 1e6 / ch["baud"]))
     return lc, [lc.rx, lc.tx, lc.irq, lc.overflow]
+
+
+#: The DRAM point's native port: 64 bits (``DRAMBoard`` takes at most one 64-bit beat; the ECPIX-5's DDR3 core
+#: has one 128-bit port, hw/boards/litedram/ecpix5.yml) and 512 MB of 8-byte words.
+DRAM_PORT_WIDTH = 64
+DRAM_ADDR_WIDTH = 26
+
+
+def linked_dram_board(build):
+    """:class:`hw.boards.ecp5.LinkedDramBoard` around ``hw.boards.dram_board.DRAMBoard`` (the core, the DRAM
+    reader and writer, the token builder, the argmax tap) for ``build``: the DRAM top less PLL, pins and the
+    LiteDRAM core (generated Verilog, not Amaranth: its block RAMs are not counted here). The native port's
+    signals and the board's flags are top-level ports, so that nothing reading DRAM is optimised away."""
+    from amaranth.hdl import Signal, Value
+
+    from hw.boards.dram_board import DRAMBoard
+    from hw.boards.ecp5 import CHOSEN, LinkedDramBoard
+
+    ch = CHOSEN[BOARD]
+    board = DRAMBoard(build=build, addr_width=DRAM_ADDR_WIDTH, port_width=DRAM_PORT_WIDTH,
+                      clock_hz=round(ch["freq_mhz"] * 1e6))
+    top = LinkedDramBoard(board, divisor=round(ch["freq_mhz"] * 1e6 / ch["baud"]))
+    ports = [top.rx, top.tx, top.overflow, board.dram_ready, board.dram_error]
+    ports += [board.irq] if hasattr(board, "irq") else []
+    for _, _, v in board.port.signature.flatten(board.port):
+        v = Value.cast(v)
+        if isinstance(v, Signal):
+            ports.append(v)
+    return top, ports
 
 
 class StateCache(Elaboratable):
@@ -542,7 +578,7 @@ def state_in_dram(point: dict, cache: dict) -> dict:
             "part_dp16kd": PART_DP16KD, "fits": total <= PART_DP16KD, "headroom_dp16kd": PART_DP16KD - total}
 
 
-POINTS = ("ecpix5_committed", "shape_370m")
+POINTS = ("ecpix5_committed", "shape_370m", "dram_board_370m")
 
 
 def run(points=POINTS, timeout: float = 1800.0, build_dir: Path = BUILD) -> dict:
@@ -557,27 +593,38 @@ def run(points=POINTS, timeout: float = 1800.0, build_dir: Path = BUILD) -> dict
            "dp16kd_shapes": [list(s) for s in DP16KD_SHAPES], "shape_370m": SHAPE_370M, "points": {}}
     for name in points:
         if name == "ecpix5_committed":
-            build, nextpnr_dp16kd, rev = committed_params()
+            build, committed, rev = committed_params()
         else:
-            build, nextpnr_dp16kd, rev = params_370m(), None, None
+            build, committed, rev = params_370m(), None, None
         print(f"[bram] {name}: {build.tag} hidden {build.max_hidden} intermediate {build.max_intermediate} "
               f"layers {build.max_layers}", flush=True)
-        top, ports = linked_core(build)
+        if name == "dram_board_370m":
+            top, ports = linked_dram_board(build)
+            design = ("hw.boards.ecp5.LinkedDramBoard(hw.boards.dram_board.DRAMBoard(build=params, addr_width="
+                      f"{DRAM_ADDR_WIDTH}, port_width={DRAM_PORT_WIDTH})): the DRAM top less PLL, pins and the "
+                      "LiteDRAM core (its block RAMs not counted)")
+        else:
+            top, ports = linked_core(build)
+            design = ("hw.boards.ecp5.LinkedCore(hw.top.Accelerator(params)): the ECPIX-5 stream top less PLL "
+                      "and pins")
         entry = map_memories(top, ports, build_dir / name, timeout=timeout, yosys=yosys)
         entry["params"] = build.as_dict()
-        entry["design"] = ("hw.boards.ecp5.LinkedCore(hw.top.Accelerator(params)): the ECPIX-5 stream top less "
-                           "PLL and pins")
-        if nextpnr_dp16kd is not None:
-            entry["check"] = {"nextpnr_dp16kd": nextpnr_dp16kd, "bitstream_revision": rev,
-                              "source": str(COMMITTED_REPORT.relative_to(REPO)) + " utilisation.DP16KD.used",
-                              "agrees": entry["total_dp16kd"] == nextpnr_dp16kd}
+        entry["design"] = design
+        if committed is not None:
+            entry["check"] = {"nextpnr_dp16kd": committed["DP16KD"], "nextpnr_trellis_ramw": committed["RAMW"],
+                              "bitstream_revision": rev,
+                              "source": str(COMMITTED_REPORT.relative_to(REPO)) + " utilisation.DP16KD/TRELLIS_RAMW",
+                              "agrees": entry["total_dp16kd"] == committed["DP16KD"],
+                              "lutram_agrees": entry["total_lutram_cells"] == committed["RAMW"]}
         out["points"][name] = entry
         print(f"[bram] {name}: {entry['total_dp16kd']} DP16KD, {entry['total_lutram_cells']} LUT-RAM cells "
               f"({entry['yosys']['seconds']} s)", flush=True)
-    if "shape_370m" in out["points"]:
+    big = [n for n in ("shape_370m", "dram_board_370m") if n in out["points"]]
+    if big:
         cache = state_cache(SHAPE_370M["hidden"], build_dir / "state_cache", timeout, yosys)
         out["state_cache"] = cache
-        out["shape_370m_state_in_dram"] = state_in_dram(out["points"]["shape_370m"], cache)
+        for n in big:
+            out[f"{n}_state_in_dram"] = state_in_dram(out["points"][n], cache)
     return out
 
 
@@ -594,10 +641,11 @@ def table(result: dict) -> str:
             lines.append(f"| {b['buffer']} | {shapes} | {b['dp16kd']} | {b['expected_dp16kd']} | "
                          f"{b['lutram_cells']} |")
         lines.append("")
-    v = result.get("shape_370m_state_in_dram")
-    if v:
-        lines.append(f"State in DRAM: {v['total_dp16kd']} DP16KD (frees {v['frees_dp16kd']}: banks "
-                     f"{v['state_banks_dp16kd']}, cache {v['cache_dp16kd']}).")
+    for n in ("shape_370m", "dram_board_370m"):
+        v = result.get(f"{n}_state_in_dram")
+        if v:
+            lines.append(f"{n}, state in DRAM: {v['total_dp16kd']} DP16KD (frees {v['frees_dp16kd']}: banks "
+                         f"{v['state_banks_dp16kd']}, cache {v['cache_dp16kd']}).")
     return "\n".join(lines)
 
 

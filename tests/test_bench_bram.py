@@ -56,6 +56,9 @@ def test_buffer_of():
     assert bb.buffer_of("core.wfifo.decode.base3_rom") == "base-3 decode ROM"
     assert bb.buffer_of("core.epilogue.sigmoid_rom0") == "sigmoid LUT ROM"
     assert bb.buffer_of("link.phy.fifo.storage") == "UART receive FIFO"
+    assert bb.buffer_of("board.core.buf_x.bank2") == "X activation buffer"
+    assert bb.buffer_of("phy.fifo.storage") == "UART receive FIFO"
+    assert bb.buffer_of("board.reader.fifo.storage") == "DRAM image reader FIFO"
     assert bb.buffer_of("core.something") == "other: something"
 
 
