@@ -269,10 +269,22 @@ def test_sdram_clock_phase_refuses_what_the_pll_cannot_make():
         ecp5.pll_phase_output(pll, 800e6, 90)                # above the outputs' 400 MHz
 
 
-def test_build_refuses_a_dram_top_without_a_litedram_config(tmp_path):
-    assert ecp5.BOARDS["ulx3s-85f"].dram_config.name == "ulx3s.yml" and ecp5.BOARDS["ecpix5-85f"].dram_config is None
+def test_build_refuses_a_dram_top_without_a_litedram_config(tmp_path, monkeypatch):
+    import dataclasses
+
+    assert ecp5.BOARDS["ulx3s-85f"].dram_config.name == "ulx3s.yml"
+    assert ecp5.BOARDS["ecpix5-85f"].dram_config.name == "ecpix5.yml"
+    monkeypatch.setitem(ecp5.BOARDS, "ecpix5-85f", dataclasses.replace(ecp5.BOARDS["ecpix5-85f"], dram_config=None))
     with pytest.raises(ValueError, match="no LiteDRAM config"):
         ecp5.build("ecpix5-85f", tmp_path, freq_mhz=100, baud=2_000_000, dram=True)
+
+
+def test_the_dram_top_follows_the_boards_memory(tmp_path):
+    assert ecp5.dram_top_class("ulx3s-85f") is ecp5.DramEcp5Top          # SDR: one clock domain, as before
+    assert ecp5.dram_top_class("ecpix5-85f") is ecp5.Ddr3Ecp5Top
+    # the DDR3 core makes its own clocks: an SDRAM clock phase means nothing there
+    with pytest.raises(ValueError, match="SDR board's DRAM top"):
+        ecp5.build("ecpix5-85f", tmp_path, freq_mhz=100, baud=2_000_000, dram=True, sdram_phase_deg=180)
 
 
 def test_dram_builds_have_their_own_folder():
@@ -299,16 +311,50 @@ def test_dispatcher_builds_the_dram_top_by_default_on_the_ulx3s(monkeypatch, cap
     assert seen[-1][1]["sdram_phase_deg"] == 180.0
     assert dispatcher.main(["ulx3s-85f", "--no-dram"]) == 0
     assert seen[-1][1]["dram"] is False
-    assert dispatcher.main(["ecpix5-85f"]) == 0
-    assert seen[-1][1]["dram"] is False
     with pytest.raises(SystemExit):
         dispatcher.main(["ulx3s-85f", "--no-dram", "--sdram-phase", "90"])
     assert "--sdram-phase applies to the DRAM top" in capsys.readouterr().err
 
 
-def test_dispatcher_reports_a_dram_request_on_a_board_without_dram(capsys):
+def test_dispatcher_reports_a_dram_request_on_a_board_without_dram(capsys, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setitem(ecp5.BOARDS, "ecpix5-85f", dataclasses.replace(ecp5.BOARDS["ecpix5-85f"], dram_config=None))
+    monkeypatch.setitem(ecp5.CHOSEN, "ecpix5-85f", {**ecp5.CHOSEN["ecpix5-85f"], "dram": False})
     assert dispatcher.main(["ecpix5-85f", "--dram"]) == 2
     assert "no LiteDRAM config" in capsys.readouterr().err
+
+
+def test_dispatcher_builds_the_ddr3_top_on_request_only(monkeypatch):
+    """The ECPIX-5's stream top stays its default until a DDR3 bitstream is committed; ``--dram`` builds the DDR3
+    top at the board's design point (32 lanes, 100 MHz: the core's own clock, not the controller's 75)."""
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append((board, kw)) or 0)
+    assert ecp5.CHOSEN["ecpix5-85f"]["dram"] is False and ecp5.CHOSEN["ulx3s-85f"]["dram"] is True
+    assert dispatcher.main(["ecpix5-85f"]) == 0 and seen[-1][1]["dram"] is False
+    assert dispatcher.main(["ecpix5-85f", "--dram"]) == 0
+    kw = seen[-1][1]
+    assert kw["dram"] is True and "sdram_phase_deg" not in kw
+    assert (kw["freq_mhz"], kw["lanes"], kw["baud"]) == (100.0, 32, 2_000_000)
+
+
+def test_clock_roles_of_the_ddr3_top():
+    """Names as the generated core has them (sys2x_clk, init_clk, sys_clk); a net of another name by its target."""
+    clocks = {"$glbnet$clk100_0__i": {"target_mhz": 100.0}, "$glbnet$dram.litedram.sys2x_clk": {"target_mhz": 150.0},
+              "$glbnet$dram.litedram.init_clk": {"target_mhz": 25.0}, "$glbnet$dram_clk": {"target_mhz": 75.0},
+              "$glbnet$clk": {"target_mhz": 100.0}}
+    targets = {"dram": 75.0, "sys2x": 150.0, "init": 25.0}
+    roles = ecp5._clock_roles(clocks, 100.0, targets)
+    assert roles["$glbnet$dram.litedram.sys2x_clk"] == "sys2x" and roles["$glbnet$dram.litedram.init_clk"] == "init"
+    assert roles["$glbnet$dram_clk"] == "dram"
+    assert roles["$glbnet$clk"] == "core" and roles["$glbnet$clk100_0__i"] == "other"     # both at 100 MHz
+    renamed = {"$glbnet$clk": {"target_mhz": 100.0}, "$glbnet$x": {"target_mhz": 75.0},
+               "$glbnet$y": {"target_mhz": 150.0}, "$glbnet$z": {"target_mhz": 25.0}}
+    assert ecp5._clock_roles(renamed, 100.0, targets) == {"$glbnet$clk": "core", "$glbnet$x": "dram",
+                                                          "$glbnet$y": "sys2x", "$glbnet$z": "init"}
+    # without DDR3 targets (the ULX3S) nothing changes: sdram, core, other
+    assert ecp5._clock_roles(renamed, 100.0) == {"$glbnet$clk": "core", "$glbnet$x": "other", "$glbnet$y": "other",
+                                                 "$glbnet$z": "other"}
 
 
 class StandInBoard(wiring.Component):
@@ -318,9 +364,11 @@ class StandInBoard(wiring.Component):
     ``dram_error``/``rx_overflow``/``framing`` feed a register the echo also XORs in (all ports used, so
     that synthesis keeps the controller)."""
 
-    def __init__(self, *, build, addr_width, port_width, clock_hz, byte_timeout=None):
+    def __init__(self, *, build, addr_width, port_width, clock_hz, byte_timeout=None, hold_port=None):
         self.params = {"build": build, "addr_width": addr_width, "port_width": port_width, "clock_hz": clock_hz,
                        "byte_timeout": byte_timeout}
+        if hold_port is not None:           # DRAMBoard's hold_port, as the DDR3 top passes it
+            self.params["hold_port"] = hold_port
         super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
                           "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
                           "dram_ready": In(1), "dram_error": In(1), "rx_overflow": In(1), "framing": In(16),

@@ -32,18 +32,18 @@ from pathlib import Path
 
 from amaranth.hdl import Cat, ClockDomain, Elaboratable, Instance, Module, ResetInserter, Signal
 from amaranth.lib import fifo, io
-from amaranth.lib.cdc import ResetSynchronizer
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import connect
 
 from hw.boards.facts import BOARDS as FACTS
 from hw.boards.facts import BoardFacts
-from hw.dram import ULX3S_CONFIG
+from hw.dram import ECPIX5_CONFIG, ULX3S_CONFIG
 from hw.params import BuildParams
 from hw.provenance import git_revision
 
-__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "LinkedCore", "LinkedDramBoard", "pll_config",
-           "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS", "DEFAULT_BUILD",
-           "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS"]
+__all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "Ddr3Ecp5Top", "LinkedCore", "LinkedDramBoard",
+           "pll_config", "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS",
+           "DEFAULT_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS", "DDR3_PINS", "dram_top_class"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ BOARDS: dict[str, BoardInfo] = {
     "ulx3s-85f": BoardInfo("ulx3s-85f", "amaranth_boards.ulx3s:ULX3S_85F_Platform", 25e6, "FT231X",
                            3_000_000, "openFPGALoader --board ulx3s {bit}   (or: fujprog {bit})", ULX3S_CONFIG),
     "ecpix5-85f": BoardInfo("ecpix5-85f", "amaranth_boards.ecpix5:ECPIX585Platform", 100e6,
-                            "FT2232H", 12_000_000, "openFPGALoader --board ecpix5 {bit}"),
+                            "FT2232H", 12_000_000, "openFPGALoader --board ecpix5 {bit}", ECPIX5_CONFIG),
 }
 
 
@@ -533,6 +533,244 @@ class DramEcp5Top(Elaboratable):
         return m
 
 
+#: The generated LiteDRAM module's DDR3 pins (:data:`hw.dram.DDR3_PINS`) -> the subsignals of amaranth-boards'
+#: ``ddr3`` resource (``ecpix5``'s, and ``DDR3Resource``'s): a name, or (name, "p") for the true side of a
+#: differential pair (``clk``, ``dqs``: the resource's ``SSTL15D_I`` IO type on that pad makes the complement, so
+#: the core's ``clk_n``/``dqs_n`` stay unconnected). The raw pins are passed (``dir="-"``), so the resource's
+#: ``PinsN`` inversion of ``we``/``ras``/``cas`` (and ``cs``/``rst`` where a board has them) does not apply: the
+#: core drives the active-low levels itself. ``cs_n`` and ``reset_n`` are passed only where the resource has them
+#: (the ECPIX-5 wires neither; :data:`hw.dram.DDR3_OPTIONAL_PINS`).
+DDR3_PINS = {"a": "a", "ba": "ba", "ras_n": "ras", "cas_n": "cas", "we_n": "we", "cs_n": "cs", "dm": "dm",
+             "dq": "dq", "dqs_p": ("dqs", "p"), "clk_p": ("clk", "p"), "cke": "clk_en", "odt": "odt",
+             "reset_n": "rst"}
+
+
+def _ddr3_pins(res) -> dict:
+    """The LiteDRAMCore ``pins`` of a requested ``ddr3`` resource (``platform.request("ddr3", 0, dir="-")``)."""
+    from hw.dram import DDR3_OPTIONAL_PINS
+
+    pins = {}
+    for name, sub in DDR3_PINS.items():
+        field, side = sub if isinstance(sub, tuple) else (sub, "io")
+        if not hasattr(res, field):
+            if name in DDR3_OPTIONAL_PINS:
+                continue
+            raise ValueError(f"the ddr3 resource has no {field!r} for the core's {name}")
+        pins[name] = getattr(getattr(res, field), side)
+    return pins
+
+
+def dram_top_class(board: str) -> type:
+    """The DRAM top of ``board``, chosen by its memory (:attr:`hw.boards.facts.BoardFacts.memory`):
+    :class:`Ddr3Ecp5Top` for ``ddr3`` (the ECPIX-5 85F), :class:`DramEcp5Top` for ``sdram`` (the ULX3S 85F).
+
+    Raises
+    ------
+    ValueError
+        For a board of another memory, or without a LiteDRAM config.
+    """
+    info = BOARDS[board]
+    if info.dram_config is None:
+        raise ValueError(f"{board} has no LiteDRAM config (BoardInfo.dram_config): no DRAM top to build")
+    tops = {"ddr3": Ddr3Ecp5Top, "sdram": DramEcp5Top}
+    if info.facts.memory not in tops:
+        raise ValueError(f"{board}: no DRAM top for {info.facts.memory!r} memory")
+    return tops[info.facts.memory]
+
+
+def _generated_pll(core, f_in: float) -> dict:
+    """The ``EHXPLLL`` of a generated DDR3 core (LiteX's ``ECP5PLL`` in its CRG), read from its Verilog: the
+    dividers, the feedback path and the output frequencies they give from the config's ``input_clk_freq``
+    (Lattice TN1263: the feedback output runs at ``f_in / CLKI_DIV x CLKFB_DIV``, the VCO at that times its
+    divider, each output at the VCO over its own divider).
+
+    Parameters
+    ----------
+    core : hw.dram.GeneratedCore
+    f_in : float
+        The PLL's input, Hz (the config's ``input_clk_freq``).
+
+    Returns
+    -------
+    dict
+        ``params`` (the instance's parameters), ``f_in``, ``f_vco`` and ``outputs`` (``CLKOP``... -> Hz, the
+        enabled ones).
+
+    Raises
+    ------
+    ValueError
+        If the Verilog holds no ``EHXPLLL`` or its feedback path is not one of its outputs.
+    """
+    text = "".join(Path(v).read_text() for v in core.verilog)
+    match = re.search(r"EHXPLLL\s*#\((.*?)\)\s*EHXPLLL\s*\(", text, re.S)
+    if match is None:
+        raise ValueError(f"{core.name}: no EHXPLLL in the generated Verilog")
+    params = {}
+    for key, value in re.findall(r"\.(\w+)\s*\(\s*([^)]*?)\s*\)", match.group(1)):
+        value = value.strip()
+        num = re.fullmatch(r"(?:\d+'d)?(\d+)", value)
+        params[key] = int(num.group(1)) if num else value.strip('"')
+    fb = {"CLKOP": "CLKOP", "INT_OP": "CLKOP", "CLKOS": "CLKOS", "INT_OS": "CLKOS", "INT_OS2": "CLKOS2",
+          "INT_OS3": "CLKOS3"}.get(str(params.get("FEEDBK_PATH", "CLKOP")))
+    if fb is None or f"{fb}_DIV" not in params:
+        raise ValueError(f"{core.name}: EHXPLLL feedback path {params.get('FEEDBK_PATH')!r} not understood")
+    vco = f_in / params["CLKI_DIV"] * params["CLKFB_DIV"] * params[f"{fb}_DIV"]
+    outputs = {o: vco / params[f"{o}_DIV"] for o in ("CLKOP", "CLKOS", "CLKOS2", "CLKOS3")
+               if params.get(f"{o}_ENABLE") == "ENABLED" and f"{o}_DIV" in params}
+    return {"params": params, "f_in": f_in, "f_vco": vco, "outputs": outputs}
+
+
+class Ddr3Ecp5Top(Elaboratable):
+    """Board top of a board with DDR3 (the ECPIX-5 85F): the model in the board's DDR3, the accelerator core in its
+    own faster clock domain, tokens over the link, read leveling by the host through the link.
+
+    Clocks, from the board's 100 MHz oscillator (one input pad, :class:`amaranth.lib.io.Buffer`):
+
+    - ``dram`` (the config's ``sys_clk_freq``, 75 MHz): the generated core's own PLL makes sys2x (150 MHz, the
+      DDR3 clock: 300 MT/s), init (25 MHz) and, through ``CLKDIVF``, the controller clock, which comes out of
+      :class:`hw.dram.LiteDRAMCore` on ``dram_clk`` with its reset ``dram_rst`` (the core's ``user_rst``: held
+      until its PLL locks and the DDRDLLA start-up is done). The oscillator reaches the core's ``osc``
+      (its PLL's ``CLKI``) unchanged.
+    - ``sync`` (``freq_hz``, e.g. 100 MHz: 32 lanes then take 3.2 G trits/s, above the DDR3's 600 MB/s = 3.0 G trits/s,
+      issue 23): a second ``EHXPLLL`` (:func:`pll_config`, :func:`_ehxplll`) on the same oscillator; held in reset
+      (:class:`amaranth.lib.cdc.ResetSynchronizer`) until it locks. The DDR3 core's lock does not gate it: the
+      link answers (and reports the DRAM not ready) even when the DRAM's clocks never start.
+
+    Between them:
+
+    - the board's native port (``sync``) to the controller's (``dram``) through
+      :class:`hw.dram_cdc.NativePortCDC` (three ``AsyncFIFO`` of ``cdc_depth`` entries);
+    - the board's control bus (``sync``) to the controller's (``dram``) through :class:`hw.wishbone_cdc.WishboneCDC`
+      (one transfer at a time; the board's ``ctrl_timeout`` still ends a transfer the controller never answers);
+    - ``init_done``, ``init_error`` and the core's ``pll_locked`` to ``sync``, the board's ``port_enable`` to
+      ``dram``: each through a 2-stage :class:`amaranth.lib.cdc.FFSynchronizer`.
+
+    The rest as :class:`DramEcp5Top`: the board component (``hw.boards.dram_board.DRAMBoard`` at the core's port
+    width, 128 bits: one BL8 burst of the x16 chip; ``hold_port=True``: the port stays shut until the host has
+    leveled the reads over the control bus and set the port enable) behind the UART (:class:`LinkedDramBoard`,
+    :data:`hw.boards.link_protocol.LINK_VERSION`), :class:`hw.dram.LiteDRAMCore` with ``hold_port=True`` on the
+    raw ``ddr3`` pins (:data:`DDR3_PINS`), its Verilog added to the platform's files; LEDs: 0 = both PLLs locked,
+    1 = DRAM ready (the power-up sequence ran), 2 = the board's ``irq``, 3 = an error (the DRAM's ``init_error``,
+    or a receive FIFO overflow).
+
+    Parameters
+    ----------
+    core_params : hw.params.BuildParams or dict
+        The core's build (``channels`` 1, ``bus_bits`` 64).
+    clk_in_hz : float
+        Board oscillator frequency; must be the config's ``input_clk_freq`` (the core's PLL is set for it).
+    freq_hz : float
+        The core's clock (``sync``), made by the second PLL (:func:`pll_config`: within 0.1 %).
+    baud : int
+        Serial rate; the core clock must be within 1 % of a whole number of cycles per bit (:func:`_link_clocking`).
+    dram_config : path
+        The LiteDRAM config (:data:`hw.dram.ECPIX5_CONFIG`): ``memtype`` DDR3.
+    dram_core : hw.dram.GeneratedCore, optional
+        The generated hardware core of ``dram_config``; generated at elaboration when not given.
+    board : callable, optional
+        ``board(build=, addr_width=, port_width=, clock_hz=, hold_port=[, byte_timeout=])`` -> the board
+        component (default ``hw.boards.dram_board.DRAMBoard``; tests pass a stand-in with its members).
+    byte_timeout : int, optional
+        The board's link byte time-out in cycles (its default when None).
+    cdc_depth : int
+        Entries of each FIFO of the port's crossing (:class:`hw.dram_cdc.NativePortCDC`; default 32).
+
+    Attributes
+    ----------
+    pll : dict
+        The core clock's PLL (:func:`pll_config`).
+    dram_clocks : dict
+        The DDR3 core's clocks from its config, Hz: ``dram`` (= sys, the controller), ``sys2x``, ``init``.
+
+    Raises
+    ------
+    ValueError
+        As :class:`Ecp5Top`; on a config that is not DDR3 or whose ``input_clk_freq`` is not ``clk_in_hz``; on a
+        simulation core.
+    """
+
+    def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int,
+                 dram_config: str | os.PathLike = ECPIX5_CONFIG, dram_core=None, board=None,
+                 byte_timeout: int | None = None, cdc_depth: int = 32):
+        from hw.dram import load_config
+
+        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
+        self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
+        self.dram_config = Path(dram_config)
+        cfg = load_config(self.dram_config)
+        if str(cfg["memtype"]).upper() != "DDR3":
+            raise ValueError(f"{self.dram_config.name}: memtype {cfg['memtype']!r}, not DDR3 (DramEcp5Top builds "
+                             f"SDR boards)")
+        f_in = float(cfg.get("input_clk_freq", 0))
+        if abs(f_in - clk_in_hz) > 1e-6 * clk_in_hz:
+            raise ValueError(f"the oscillator ({clk_in_hz / 1e6:g} MHz) must be the LiteDRAM config's input_clk_freq "
+                             f"({f_in / 1e6:g} MHz, {self.dram_config.name}): the core's PLL takes it")
+        sys_clk = float(cfg["sys_clk_freq"])
+        self.dram_clocks = {"dram": sys_clk, "sys2x": 2 * sys_clk, "init": float(cfg.get("init_clk_freq", 25e6))}
+        if dram_core is not None and dram_core.sim:
+            raise ValueError("the board top needs the hardware core (hw.dram.generate_core), not the simulation core")
+        self.dram_core, self._board, self.byte_timeout, self.cdc_depth = dram_core, board or _dram_board, \
+            byte_timeout, cdc_depth
+
+    def elaborate(self, platform):
+        from amaranth.hdl import ClockSignal, ResetSignal
+
+        from hw.dram import LiteDRAMCore, generate_core
+        from hw.dram_cdc import NativePortCDC
+        from hw.wishbone_cdc import WishboneCDC
+
+        m = Module()
+        core = self.dram_core or generate_core(self.dram_config)
+        if core.sim or core.memtype != "DDR3":
+            raise ValueError("the DDR3 board top needs the DDR3 hardware core (hw.dram.generate_core)")
+        for path in core.verilog:       # Yosys reads the .v files of the build folder before the design
+            platform.add_file(Path(path).name, Path(path).read_bytes())
+
+        m.submodules.clk_in = clk_in = io.Buffer("i", platform.request(platform.default_clk, 0, dir="-"))
+        # sync: the core's clock, its own PLL, held in reset until that locks
+        m.domains.sync = cd = ClockDomain("sync")
+        lock = Signal()
+        m.submodules.pll = _ehxplll(self.pll, self.clk_in_hz, clk_in.i, cd.clk, lock)
+        m.submodules.reset_sync = ResetSynchronizer(~lock, domain="sync")
+
+        # dram: the controller clock the DDR3 core makes from the oscillator
+        ddr3 = platform.request("ddr3", 0, dir="-")
+        m.submodules.dram = dram = LiteDRAMCore(core, pins=_ddr3_pins(ddr3), hold_port=True)
+        m.domains.dram = ClockDomain("dram")
+        m.d.comb += [dram.osc.eq(clk_in.i), dram.osc_rst.eq(0),
+                     ClockSignal("dram").eq(dram.dram_clk), ResetSignal("dram").eq(dram.dram_rst)]
+
+        params = {"build": self.build, "addr_width": core.addr_width, "port_width": core.data_width,
+                  "clock_hz": round(self.freq_hz), "hold_port": True}
+        if self.byte_timeout is not None:
+            params["byte_timeout"] = self.byte_timeout
+        board = self._board(**params)
+        m.submodules.linked = linked = LinkedDramBoard(board, divisor=self.divisor)
+
+        m.submodules.port_cdc = port_cdc = NativePortCDC(core.addr_width, core.data_width, from_domain="sync",
+                                                         to_domain="dram", depth=self.cdc_depth)
+        connect(m, board.port, port_cdc.port)
+        connect(m, port_cdc.dram_port, dram.port)
+        m.submodules.ctrl_cdc = ctrl_cdc = WishboneCDC(from_domain="sync", to_domain="dram")
+        connect(m, board.ctrl, ctrl_cdc.bus)
+        connect(m, ctrl_cdc.sub, dram.ctrl)
+
+        ready, error, dram_lock = Signal(), Signal(), Signal()
+        m.submodules.ready_sync = FFSynchronizer(dram.init_done, ready, o_domain="sync")
+        m.submodules.error_sync = FFSynchronizer(dram.init_error, error, o_domain="sync")
+        m.submodules.dram_lock_sync = FFSynchronizer(dram.pll_locked, dram_lock, o_domain="sync")
+        m.submodules.port_enable_sync = FFSynchronizer(board.port_enable, dram.port_enable, o_domain="dram")
+        m.d.comb += [board.dram_ready.eq(ready), board.dram_error.eq(error)]
+
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx_pin = rx_pin = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx_pin = tx_pin = io.Buffer("o", uart.tx)
+        m.d.comb += [linked.rx.eq(rx_pin.i), tx_pin.o.eq(linked.tx)]
+
+        _status_lights(m, platform, [lock & dram_lock, ready, board.irq, error | linked.overflow])
+        return m
+
+
 # ---------------------------------------------------------------------------------------------- builds
 
 def _tool_env() -> dict[str, str]:
@@ -610,15 +848,62 @@ def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", d
             + ("_placed" if place_only else ""))
 
 
-def _clock_roles(clocks: dict, target_mhz: float) -> dict:
+def _clock_roles(clocks: dict, target_mhz: float, dram_targets: dict | None = None) -> dict:
     """nextpnr's clock nets by role: ``sdram`` (the ``sdram_clk`` domain of :class:`DramEcp5Top`), ``core`` (the
     other constrained clock closest to the target: ``sync``), ``other`` (the oscillator input, where nextpnr
-    reports it)."""
+    reports it).
+
+    With ``dram_targets`` (:class:`Ddr3Ecp5Top`: ``dram``, ``sys2x``, ``init`` -> MHz) the DDR3 core's clocks are
+    told apart first by their net names in the generated core (``sys2x_clk``, ``init_clk``, ``sys_clk``/
+    ``user_clk``/``dram_clk``; a pad's net, ``..._0__i``, is the oscillator: ``other``), then, for nets of other
+    names, by their targets; ``core`` is the remaining net closest to ``target_mhz``."""
     roles = {k: "sdram" for k in clocks if "sdram_clk" in k}
+    if dram_targets:
+        for k in clocks:
+            for role, pattern in (("other", r"__io?$"), ("sys2x", r"sys2x"), ("init", r"init_clk"),
+                                  ("dram", r"(?<!s)dram_clk|(?<!2x_)sys_clk|user_clk")):
+                if k not in roles and re.search(pattern, k):
+                    roles[k] = role
     rest = sorted((k for k in clocks if k not in roles), key=lambda k: abs(clocks[k]["target_mhz"] - target_mhz))
     for i, k in enumerate(rest):
-        roles[k] = "core" if i == 0 else "other"
+        if i == 0:
+            roles[k] = "core"
+            continue
+        roles[k] = "other"
+        for role, mhz in (dram_targets or {}).items():
+            if role not in roles.values() and abs(clocks[k]["target_mhz"] - mhz) < 0.01:
+                roles[k] = role
+                break
     return roles
+
+
+def _ddr3_clock_record(top: Ddr3Ecp5Top, core) -> dict:
+    """The report's record of a DDR3 top's clocks: ``dram_pll`` (the generated core's ``EHXPLLL``,
+    :func:`_generated_pll`, its outputs by role), ``clock_targets`` (every clock's role -> target MHz and where it
+    comes from), ``dram_clock_mhz`` and ``hold_port``."""
+    gen = _generated_pll(core, top.clk_in_hz)
+    c = top.dram_clocks
+    named = {}
+    for out, hz in gen["outputs"].items():
+        role = next((r for r in ("sys2x", "init") if abs(hz - c[r]) < 1e-3 * c[r]), None)
+        if role is not None:
+            named[out] = {"role": role, "mhz": round(hz / 1e6, 3)}
+    p = gen["params"]
+    dram_pll = {"source": f"{core.name}'s CRG (LiteX ECP5PLL, in the generated Verilog)", "f_in_mhz": gen["f_in"] / 1e6,
+                "clki_div": p["CLKI_DIV"], "clkfb_div": p["CLKFB_DIV"], "feedback": p.get("FEEDBK_PATH"),
+                "f_vco_mhz": round(gen["f_vco"] / 1e6, 3), "outputs": named,
+                "sys": f"CLKDIVF of sys2x / 2 = {c['dram'] / 1e6:g} MHz (the controller clock, user_clk)"}
+    targets = {"core": {"mhz": round(top.freq_hz / 1e6, 3), "domain": "sync", "from": "pll CLKOP"},
+               "dram": {"mhz": c["dram"] / 1e6, "domain": "dram", "from": "dram_pll sys2x / CLKDIVF 2"},
+               "sys2x": {"mhz": c["sys2x"] / 1e6, "domain": None, "from": "dram_pll " + next(
+                   (o for o, v in named.items() if v["role"] == "sys2x"), "?")},
+               "init": {"mhz": c["init"] / 1e6, "domain": None, "from": "dram_pll " + next(
+                   (o for o, v in named.items() if v["role"] == "init"), "?")},
+               "osc": {"mhz": top.clk_in_hz / 1e6, "domain": None, "from": "the board oscillator (both PLLs' CLKI)"}}
+    return {"dram_pll": dram_pll, "clock_targets": {k: {"target_mhz": v.pop("mhz"), **v} for k, v in targets.items()},
+            "dram_clock_mhz": c["dram"] / 1e6, "hold_port": True,
+            "clock_crossings": {"port": f"NativePortCDC depth {top.cdc_depth}", "ctrl": "WishboneCDC",
+                                "status": "FFSynchronizer (init_done, init_error, pll_locked; port_enable)"}}
 
 
 def _litedram_record(config: Path, core) -> dict:
@@ -723,10 +1008,18 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     mod, cls = info.platform.split(":")
     platform = getattr(importlib.import_module(mod), cls)()
     dram_core = None
+    ddr3 = dram and dram_top_class(board) is Ddr3Ecp5Top
+    if ddr3 and sdram_phase_deg != SDRAM_CLK_PHASE_DEG:
+        raise ValueError(f"{board}: the SDRAM clock phase applies to an SDR board's DRAM top; the DDR3 core makes its "
+                         f"own clocks")
     if dram:
         from hw.dram import generate_core
 
         dram_core = generate_core(info.dram_config)
+    if ddr3:
+        top = Ddr3Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud,
+                          dram_config=info.dram_config, dram_core=dram_core)
+    elif dram:
         top = DramEcp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud,
                           dram_config=info.dram_config, sdram_phase_deg=sdram_phase_deg, dram_core=dram_core)
     else:
@@ -753,7 +1046,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     from hw.isa import ISA_VERSION
 
     pll = dict(top.pll)
-    if dram:
+    if dram and not ddr3:
         pll["clkos"] = {**top.sdram_clk, "drives": "the SDRAM clock pin (ODDRX1F, 1 then 0)"}
     report = {
         "board": board, "device": info.device, "status": ("placed" if place_only else "built") if ok else "failed",
@@ -775,7 +1068,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
                    + f" --placer {placer}"
                    + (f" --router {router}" if router != "router1" else "")
                    + (f" --placer-density {density:g}" if density is not None else "")
-                   + (f" --dram --sdram-phase {sdram_phase_deg:g}" if dram else " --no-dram")
+                   + (" --dram" if ddr3 else f" --dram --sdram-phase {sdram_phase_deg:g}" if dram else " --no-dram")
                    + (" --place-only" if place_only else ""),
     }
     if dram:
@@ -783,12 +1076,16 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
 
         report["link_version"] = LINK_VERSION
         report["litedram"] = _litedram_record(info.dram_config, dram_core)
+        if ddr3:
+            report.update(_ddr3_clock_record(top, dram_core))
     else:
         report["link_version"] = 1      # the stream-only link (hw.boards.link_protocol.LINK_VERSION's history)
     if (bdir / "nextpnr_report.json").exists():
         report.update(_parse_nextpnr(bdir, "top"))
         clocks = report["clocks"]
-        for net, role in _clock_roles(clocks, report["target_mhz"]).items():
+        dram_targets = {r: c["target_mhz"] for r, c in report["clock_targets"].items() if r in ("dram", "sys2x", "init")
+                        } if ddr3 else None
+        for net, role in _clock_roles(clocks, report["target_mhz"], dram_targets).items():
             clocks[net]["role"] = role
             met = clocks[net]["achieved_mhz"] >= clocks[net]["target_mhz"] and clocks[net].get(
                 "log_verdict", "PASS") == "PASS"
@@ -944,9 +1241,11 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: ULX3S (-6 part), the DRAM top (``dram``: :class:`DramEcp5Top`, the model in the SDRAM) with 16 lanes at the
 #: controller's 50 MHz (16 trits a cycle already exceed what the SDRAM delivers, issue 22) and nextpnr's static
 #: placer (the stream top's 16-lane core routed with it at 57.07 MHz; heap's placements of that core before
-#: LinkedCore did not route in a session there).
+#: LinkedCore did not route in a session there). The ECPIX-5's DDR3 top (:class:`Ddr3Ecp5Top`, ``--dram``) is built on
+#: request only: its stream top stays the default until a DDR3 bitstream has closed timing and is committed (the
+#: committed ``bitstreams/ecpix5-85f`` is the stream top's).
 CHOSEN: dict[str, dict] = {
     key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
           "freq_mhz": FACTS[key].design.fmax_mhz, "baud": 2_000_000, "router": "router1",
           "dram": BOARDS[key].dram_config is not None, **extra}
-    for key, extra in (("ecpix5-85f", {}), ("ulx3s-85f", {"placer": "static"}))}
+    for key, extra in (("ecpix5-85f", {"dram": False}), ("ulx3s-85f", {"placer": "static"}))}
