@@ -1,8 +1,11 @@
 """Streams a byte range of board DRAM out of a LiteDRAM native port: the model image into the weight channel.
 
 :class:`DRAMImageReader` takes a request (base byte address, byte length), issues one read command per port
-word, as fast as the controller accepts them, and delivers the words packed into beats of the weight channel's
-width, with ``last`` on the final beat and full backpressure. LiteDRAM's read data cannot be held back (the
+word, as fast as the controller accepts them, and delivers the bytes as beats of the weight channel's width,
+with ``last`` on the final beat and full backpressure. A port word narrower than a beat (the ULX3S's 16 bits)
+is packed into beats; a port word wider than a beat (the ECPIX-5 DDR3's 128 bits: two 64-bit beats) is split
+into beats, the lower-addressed beat from the word's low bits, and a range that starts or ends mid-word
+delivers only its own beats (the word's other beats are read and dropped). LiteDRAM's read data cannot be held back (the
 crossbar ignores ``rdata.ready``: :class:`hw.dram.NativePortSignature`), so the reader reserves a slot in its
 word FIFO for every read it issues: up to ``depth`` reads are outstanding or buffered at once (the same
 reservation LiteDRAM's own ``LiteDRAMDMAReader`` makes, ``litedram/frontend/dma.py``), enough to keep
@@ -15,7 +18,7 @@ A read that never returns does not hang the reader: after ``timeout`` cycles of 
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -34,10 +37,12 @@ def _int(name: str, value: object, low: int) -> int:
     return value
 
 
-def check_port_widths(*, addr_width: int, port_width: int, beat_width: int, depth: int) -> None:
+def check_port_widths(*, addr_width: int, port_width: int, beat_width: int, depth: int,
+                      wider_port: bool = False) -> None:
     """The checks every DRAM stream adapter (:class:`DRAMImageReader`, :class:`hw.dram_writer.DRAMStreamWriter`)
     makes of its widths: a native port of ``port_width`` bits (a power-of-two number of bytes), beats of a
-    power-of-two number of port words, a FIFO of ``depth`` >= 2 entries.
+    power-of-two number of port words, a FIFO of ``depth`` >= 2 entries. With ``wider_port`` a port word of
+    a power-of-two number of beats is allowed as well (``beat_width`` then a power-of-two multiple of 8).
 
     Raises
     ------
@@ -50,6 +55,10 @@ def check_port_widths(*, addr_width: int, port_width: int, beat_width: int, dept
     _int("depth", depth, 2)
     if port_width % 8 or port_width & (port_width - 1):
         raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
+    if wider_port and port_width > beat_width:
+        if beat_width % 8 or beat_width & (beat_width - 1):
+            raise ValueError(f"beat_width must be a power-of-two multiple of 8, got {beat_width}")
+        return
     if beat_width % port_width or (beat_width // port_width) & (beat_width // port_width - 1):
         raise ValueError(f"beat_width must be a power-of-two multiple of port_width ({port_width}), "
                          f"got {beat_width}")
@@ -76,9 +85,11 @@ class DRAMImageReader(wiring.Component):
     addr_width : int, >= 1
         The port's word address bits (24 for the ULX3S core).
     port_width : int
-        The port's word bits (16 for the ULX3S core); a multiple of 8 dividing ``beat_width``.
+        The port's word bits (16 for the ULX3S core, 128 for the ECPIX-5's DDR3 core): a power-of-two number of
+        bytes, dividing ``beat_width`` or a power-of-two multiple of it.
     beat_width : int
-        Output beat bits (64: :class:`hw.top.Accelerator`'s default ``bus_bits``).
+        Output beat bits (64: :class:`hw.top.Accelerator`'s default ``bus_bits``), a power-of-two number of
+        bytes.
     depth : int, >= 2
         Reads that may be outstanding or buffered (the word FIFO's depth; default 64).
     timeout : int, >= 1
@@ -88,14 +99,18 @@ class DRAMImageReader(wiring.Component):
     Members
     -------
     req : In(stream.Signature(dram_request_layout(addr_width + log2(port_width / 8))))
-        Accepted while idle and not in error. ``base``'s bits below the port word are ignored (reads start
-        at its word); ``length``'s bits below the beat are ignored (whole beats only). A length below one
-        beat is accepted and delivers nothing.
+        Accepted while idle and not in error. ``base``'s bits below :attr:`base_align` are ignored (reads
+        start at its port word, or its beat of a wider word); ``length``'s bits below the beat are ignored
+        (whole beats only). A length below one beat is accepted and delivers nothing.
     port : Out(NativePortSignature(addr_width=addr_width, data_width=port_width))
         To the controller's native port (reads only: ``cmd.we`` is 0, ``wdata`` idle).
     o : Out(stream.Signature(beat_layout(beat_width)))
-        ``length // (beat_width / 8)`` beats, port words ``base / (port_width / 8) + i`` in order, word ``j``
-        of a beat in bits ``j * port_width ..``; ``last`` on the final one.
+        ``length // (beat_width / 8)`` beats: the bytes from ``base`` (rounded down to :attr:`base_align`)
+        in order, byte ``k`` of a beat in bits ``8k ..`` (port word ``j`` of a beat in bits
+        ``j * port_width ..``; beat ``j`` of a wider port word from its bits ``j * beat_width ..``);
+        ``last`` on the final one. With a port word of ``n`` beats the reader issues
+        ``ceil((first + beats) / n)`` reads (``first`` the beat of ``base`` in its word) and delivers a beat
+        a cycle: one port word every ``n`` cycles is enough to keep ``o`` full.
     busy : Out(1)
         A request is in progress.
     error : Out(1)
@@ -109,7 +124,8 @@ class DRAMImageReader(wiring.Component):
 
     def __init__(self, *, addr_width: int, port_width: int = 16, beat_width: int = 64, depth: int = 64,
                  timeout: int = 4096):
-        check_port_widths(addr_width=addr_width, port_width=port_width, beat_width=beat_width, depth=depth)
+        check_port_widths(addr_width=addr_width, port_width=port_width, beat_width=beat_width, depth=depth,
+                          wider_port=True)
         _int("timeout", timeout, 1)
         self._addr_width, self._port_width, self._beat_width = addr_width, port_width, beat_width
         self._depth, self._timeout = depth, timeout
@@ -126,6 +142,12 @@ class DRAMImageReader(wiring.Component):
         return self._addr_width + ceil_log2(self._port_width // 8)
 
     @property
+    def base_align(self) -> int:
+        """The granularity of ``req.base`` in bytes: the port word (``port_width / 8``) when it divides the
+        beat, else the beat (``beat_width / 8``)."""
+        return min(self._port_width, self._beat_width) // 8
+
+    @property
     def depth(self) -> int:
         return self._depth
 
@@ -134,6 +156,8 @@ class DRAMImageReader(wiring.Component):
         return self._timeout
 
     def elaborate(self, platform):
+        if self._port_width > self._beat_width:
+            return self._elaborate_wide()
         m = Module()
         ratio = self._beat_width // self._port_width
         word_shift = ceil_log2(self._port_width // 8)
@@ -198,6 +222,85 @@ class DRAMImageReader(wiring.Component):
                 m.d.sync += have.eq(have + 1)
                 with m.If(have == ratio - 1):
                     m.d.sync += [full.eq(1), have.eq(0)]
+
+        # time-out: waiting on the controller without progress
+        waiting = (outstanding != 0) | cmd.valid
+        with m.If(~waiting | issued | rdata.valid):
+            m.d.sync += wait.eq(0)
+        with m.Elif(wait == self._timeout - 1):
+            m.d.sync += stopped.eq(1)
+        with m.Else():
+            m.d.sync += wait.eq(wait + 1)
+
+        m.d.comb += [self.busy.eq(busy), self.error.eq(stopped)]
+        return m
+
+    def _elaborate_wide(self) -> Module:
+        """A port word of ``n`` = ``port_width / beat_width`` beats: whole words read, split into beats.
+
+        The request, the read commands, the reservations and the time-out are the narrow path's; the FIFO
+        holds whole port words and its head word is delivered a beat at a time from beat ``first`` (the
+        request's base within its word) to the word's last beat or the request's last beat, then popped."""
+        m = Module()
+        n = self._port_width // self._beat_width
+        word_shift = ceil_log2(self._port_width // 8)
+        beat_shift = ceil_log2(self._beat_width // 8)
+        beats_width = self.byte_addr_width + 1 - beat_shift + 1
+        words_width = self.byte_addr_width + 1 - word_shift + 2
+
+        # one slot beyond the reservations, as in the narrow path
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=self._port_width, depth=self._depth + 1)
+
+        addr = Signal(self._addr_width)
+        to_issue = Signal(words_width)          # read commands still to issue
+        beats_left = Signal(beats_width)        # beats still to deliver
+        pos = Signal(range(n))                  # the beat of the FIFO's head word delivered next
+        credits = Signal(range(self._depth + 1), init=self._depth)  # free reservations in the FIFO
+        outstanding = Signal(range(self._depth + 1))
+        wait = Signal(range(self._timeout + 1))
+        stopped = Signal()
+        busy = Signal()
+
+        # request: accepted when idle; the words that hold beats first .. first + beats - 1 of the first word
+        m.d.comb += self.req.ready.eq(~busy & ~stopped)
+        with m.If(self.req.valid & self.req.ready):
+            first = self.req.payload.base[beat_shift:word_shift]
+            beats = self.req.payload.length >> beat_shift
+            m.d.sync += [
+                addr.eq(self.req.payload.base >> word_shift),
+                to_issue.eq(Mux(beats == 0, 0, (first + beats + n - 1) >> (word_shift - beat_shift))),
+                beats_left.eq(beats),
+                pos.eq(first),
+                busy.eq(beats != 0),
+            ]
+
+        # commands: one read per word while a reservation is free
+        cmd = self.port.cmd
+        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0)),
+                     cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
+        issued = cmd.valid & cmd.ready
+        with m.If(issued):
+            m.d.sync += [addr.eq(addr + 1), to_issue.eq(to_issue - 1)]
+
+        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here)
+        rdata = self.port.rdata
+        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & ~stopped)]
+        popped = fifo.r_en & fifo.r_rdy
+        m.d.sync += credits.eq(credits - issued + popped)
+        m.d.sync += outstanding.eq(outstanding + issued - rdata.valid)
+
+        # beats: beat `pos` of the head word (beat j in bits j * beat_width); the word leaves after its last
+        # beat or the request's
+        last = beats_left == 1
+        sent = self.o.valid & self.o.ready
+        m.d.comb += [self.o.valid.eq(fifo.r_rdy & ~stopped),
+                     self.o.payload.data.eq(fifo.r_data.word_select(pos, self._beat_width)),
+                     self.o.payload.last.eq(last),
+                     fifo.r_en.eq(sent & ((pos == n - 1) | last))]
+        with m.If(sent):
+            m.d.sync += [beats_left.eq(beats_left - 1), pos.eq(pos + 1)]   # wraps at n, a power of two
+            with m.If(last):
+                m.d.sync += busy.eq(0)
 
         # time-out: waiting on the controller without progress
         waiting = (outstanding != 0) | cmd.valid

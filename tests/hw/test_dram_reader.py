@@ -1,11 +1,13 @@
-"""DRAMImageReader, DRAMStreamWriter (hw/dram_reader.py, hw/dram_writer.py) and DFIIInitSequencer
-(hw/dram_init.py) in the Amaranth simulator, against a behavioural LiteDRAM native port.
+"""DRAMImageReader, DRAMStreamWriter, DRAMWideWriter (hw/dram_reader.py, hw/dram_writer.py,
+hw/dram_wide_writer.py) and DFIIInitSequencer (hw/dram_init.py) in the Amaranth simulator, against a
+behavioural LiteDRAM native port, with the ULX3S's 16-bit port and the ECPIX-5 DDR3's 128-bit one (two 64-bit
+beats a word: ranges that start or end mid-word, byte enables).
 
 The port model keeps LiteDRAM's contract (``litedram/core/crossbar.py``): commands accepted when the model
 says ``ready`` (random stalls stand for refreshes and bank switches), read data returned in command order at
 a latency of several cycles whatever the reader's state (``rdata`` cannot be held back), write data taken in
-the cycle the model raises ``wdata.ready``, a few cycles after the command. The real controller and SDRAM
-model are exercised by ``sim/test_dram.py``.
+the cycle the model raises ``wdata.ready``, a few cycles after the command, with its byte enables. The real
+controller and SDRAM model are exercised by ``sim/test_dram.py``.
 """
 
 import gc
@@ -19,20 +21,36 @@ from amaranth.sim import Simulator
 
 from hw.dram_init import DFIIInitSequencer
 from hw.dram_reader import DRAMImageReader, beat_layout
+from hw.dram_wide_writer import DRAMWideWriter
 from hw.dram_writer import DRAMStreamWriter
 
 pytestmark = pytest.mark.filterwarnings("error")
 
 ADDR_WIDTH = 12  # 4096 words of 16 bits: 8 KiB
+PORT_WIDTHS = (16, 128)
+
+
+def addr_width_for(port_width: int, addr_width_16: int = ADDR_WIDTH) -> int:
+    """The word address bits of a ``port_width`` port over the memory of ``addr_width_16`` 16-bit words."""
+    return addr_width_16 - (port_width // 16).bit_length() + 1
+
+
+def words_touched(start: int, n: int, word_bytes: int) -> int:
+    """Port words holding bytes ``[start, start + n)`` (0 for an empty range)."""
+    return 0 if n <= 0 else (start + n - 1) // word_bytes - start // word_bytes + 1
 
 
 class NativePortModel:
-    """A LiteDRAM native port over ``mem`` (uint16 words) with random command stalls and read latencies.
+    """A LiteDRAM native port over ``mem`` (a numpy array, taken as its little-endian bytes: byte ``a`` is byte
+    ``a mod w`` of port word ``a // w``, ``w`` the port's bytes) with random command stalls and read
+    latencies. Writes honour the byte enables (``wdata.we``): a clear bit leaves its byte as it was.
 
     ``lose_after``: reads after this many are never answered (a broken controller)."""
 
     def __init__(self, port, mem, rng, *, cmd_stall=0.0, latency=(3, 10), write_latency=3, lose_after=None):
         self.port, self.mem, self.rng = port, mem, rng
+        self.bytes = mem.view(np.uint8)
+        self.word_bytes = len(port.rdata.payload) // 8
         self.cmd_stall, self.latency, self.write_latency = cmd_stall, latency, write_latency
         self.lose_after = lose_after
         self.reads = 0
@@ -49,7 +67,7 @@ class NativePortModel:
             rd = reads and reads[0][0] <= cycle
             ctx.set(port.rdata.valid, bool(rd))
             if rd:
-                ctx.set(port.rdata.payload, int(self.mem[reads[0][1]]))
+                ctx.set(port.rdata.payload, self.read_word(reads[0][1]))
             wr = writes and writes[0][0] <= cycle
             ctx.set(port.wdata.ready, bool(wr))
             _, _, valid, cmd, wdata = await ctx.tick().sample(port.cmd.valid, port.cmd.payload, port.wdata.payload)
@@ -57,7 +75,7 @@ class NativePortModel:
                 reads.pop(0)
             if wr:
                 _, addr = writes.pop(0)
-                self.mem[addr] = wdata.data
+                self.write_word(addr, int(wdata.data), int(wdata.we))
                 self.writes_taken += 1
             if valid and ready:
                 if cmd.we:
@@ -70,10 +88,21 @@ class NativePortModel:
             self.max_pending = max(self.max_pending, len(reads))
             cycle += 1
 
+    def read_word(self, addr: int) -> int:
+        w = self.word_bytes
+        return int.from_bytes(self.bytes[addr * w:(addr + 1) * w].tobytes(), "little")
 
-def expected_beats(mem: np.ndarray, base: int, length: int, beat_bytes: int) -> list[int]:
+    def write_word(self, addr: int, value: int, we: int):
+        w = self.word_bytes
+        for k, byte in enumerate(value.to_bytes(w, "little")):
+            if we >> k & 1:
+                self.bytes[addr * w + k] = byte
+
+
+def expected_beats(mem: np.ndarray, base: int, length: int, beat_bytes: int, align: int = 2) -> list[int]:
+    """The beats a reader whose base granularity is ``align`` bytes delivers for (base, length)."""
     raw = mem.astype("<u2").tobytes()
-    start = base & ~1
+    start = base & ~(align - 1)
     n = (length // beat_bytes) * beat_bytes
     chunk = raw[start:start + n]
     return [int.from_bytes(chunk[i:i + beat_bytes], "little") for i in range(0, n, beat_bytes)]
@@ -134,51 +163,86 @@ def random_mem(seed=1):
     return np.random.default_rng(seed).integers(0, 1 << 16, size=1 << ADDR_WIDTH, dtype=np.uint16)
 
 
-REQUESTS = [(0, 64), (2, 8), (4096, 200), (6, 0), (8192 - 64, 64), (10, 7), (1000, 1000)]
+#: (base, length): word-aligned, mid-beat (16-bit port) or mid-word (128-bit port: 8 mod 16) bases, lengths of
+#: odd and even beats, an empty one, one below a beat, the memory's end
+REQUESTS = [(0, 64), (2, 8), (4096, 200), (6, 0), (8192 - 64, 64), (10, 7), (1000, 1000), (8, 8), (24, 24),
+            (8192 - 8, 8), (0x108, 16)]
 
 
+def reader(port_width, **kw) -> DRAMImageReader:
+    return DRAMImageReader(addr_width=addr_width_for(port_width), port_width=port_width, **kw)
+
+
+def reads_for(dut: DRAMImageReader, base: int, length: int) -> int:
+    """Port reads for a request: the words of its whole beats, from base rounded down to ``base_align``."""
+    start = base & ~(dut.base_align - 1)
+    return words_touched(start, length // 8 * 8, len(dut.port.rdata.payload) // 8)
+
+
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
 @pytest.mark.parametrize("cmd_stall, out_stall, depth", [(0.0, 0.0, 64), (0.3, 0.0, 64), (0.0, 0.6, 64),
                                                          (0.3, 0.6, 8), (0.5, 0.9, 2)])
-def test_reader_delivers_every_byte(cmd_stall, out_stall, depth):
+def test_reader_delivers_every_byte(port_width, cmd_stall, out_stall, depth):
     mem = random_mem()
-    dut = DRAMImageReader(addr_width=ADDR_WIDTH, depth=depth)
+    dut = reader(port_width, depth=depth)
     got, _, model, err = run_reader(dut, mem.copy(), REQUESTS, seed=int(depth + 10 * out_stall),
                                     cmd_stall=cmd_stall, out_stall=out_stall)
     assert not err
     for (base, length), beats in zip(REQUESTS, got, strict=True):
-        want = expected_beats(mem, base, length, 8)
+        want = expected_beats(mem, base, length, 8, dut.base_align)
         assert [d for d, _ in beats] == want, f"request {(base, length)}"
         assert [last for _, last in beats] == [i == len(want) - 1 for i in range(len(want))]
-    assert model.reads == sum((length // 8) * 4 for _, length in REQUESTS)   # no read beyond a request
-    assert model.max_pending <= depth                                        # reservations held
+    assert model.reads == sum(reads_for(dut, b, n) for b, n in REQUESTS)   # no read beyond a request
+    assert model.max_pending <= depth                                      # reservations held
 
 
-def test_reader_keeps_the_port_busy():
-    """Without stalls a long read delivers a word per cycle (latency 8 hidden by 64 reservations); with 4
-    reservations the same read is latency-bound: the FIFO's depth is what keeps the controller busy."""
+def test_wide_reader_reads_whole_words_and_drops_the_other_half():
+    """128-bit port: a one-beat request in a word's upper half reads that one word and delivers its upper 64
+    bits; three beats from 8 mod 16 read two words; the base granularity is the beat (bits 2:0 ignored)."""
     mem = random_mem()
-    words = 4 * 512
-    _, (deep,), _, _ = run_reader(DRAMImageReader(addr_width=ADDR_WIDTH, depth=64), mem, [(0, words * 2)],
-                                  latency=(8, 8))
-    _, (shallow,), _, _ = run_reader(DRAMImageReader(addr_width=ADDR_WIDTH, depth=4), mem, [(0, words * 2)],
+    raw = mem.astype("<u2").tobytes()
+    dut = reader(128)
+    assert dut.base_align == 8
+    got, _, model, err = run_reader(dut, mem, [(0x48, 8), (0x48, 24), (0x4C, 8)])
+    assert not err and model.reads == 1 + 2 + 1
+    assert [d for d, _ in got[0]] == [int.from_bytes(raw[0x48:0x50], "little")]
+    assert [d for d, _ in got[1]] == [int.from_bytes(raw[a:a + 8], "little") for a in (0x48, 0x50, 0x58)]
+    assert got[2] == got[0]
+
+
+@pytest.mark.parametrize("port_width, shallow_depth", [(16, 4), (128, 2)])
+def test_reader_keeps_the_port_busy(port_width, shallow_depth):
+    """Without stalls a long read delivers a beat per cycle (16-bit port: a word per cycle; 128-bit port: a
+    word every two cycles, half the port's command rate, enough for the core's one beat a cycle), latency 8
+    hidden by 64 reservations; with a few reservations the same read is latency-bound: the FIFO's depth is
+    what keeps the controller busy."""
+    mem = random_mem()
+    beats = 512
+    _, (deep,), _, _ = run_reader(reader(port_width, depth=64), mem, [(0, beats * 8)], latency=(8, 8))
+    _, (shallow,), _, _ = run_reader(reader(port_width, depth=shallow_depth), mem, [(0, beats * 8)],
                                      latency=(8, 8))
-    assert words / deep > 0.98, f"{words} words in {deep} cycles"
-    assert words / shallow < 0.5, f"{words} words in {shallow} cycles with 4 reservations"
+    port_rate = min(1.0, port_width / 64)       # beats a port word can carry per cycle at one word a cycle
+    assert beats / deep > 0.98 * port_rate, f"{beats} beats in {deep} cycles"
+    assert beats / shallow < 0.5 * port_rate, f"{beats} beats in {shallow} cycles with {shallow_depth} reservations"
 
 
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
 @pytest.mark.parametrize("out_stall", [0.0, 0.7])
-def test_reader_times_out_on_a_lost_read(out_stall):
+def test_reader_times_out_on_a_lost_read(port_width, out_stall):
     mem = random_mem()
-    dut = DRAMImageReader(addr_width=ADDR_WIDTH, timeout=100)
-    got, _, model, err = run_reader(dut, mem, [(0, 512)], lose_after=37, out_stall=out_stall, max_cycles=2000)
+    dut = reader(port_width, timeout=100)
+    lose_after = 37 if port_width == 16 else 5
+    got, _, model, err = run_reader(dut, mem, [(0, 512)], lose_after=lose_after, out_stall=out_stall,
+                                    max_cycles=2000)
     assert err, "no error after a read that never returned"
     assert len(got[0]) < 64
     assert [d for d, _ in got[0]] == expected_beats(mem, 0, 8 * len(got[0]), 8)  # what came is right
 
 
-def test_reader_stays_stopped_after_error():
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+def test_reader_stays_stopped_after_error(port_width):
     mem = random_mem()
-    dut = DRAMImageReader(addr_width=ADDR_WIDTH, timeout=20)
+    dut = reader(port_width, timeout=20)
     rng = np.random.default_rng(0)
     model = NativePortModel(dut.port, mem, rng, lose_after=0)
 
@@ -188,7 +252,7 @@ def test_reader_stays_stopped_after_error():
         await ctx.tick()
         ctx.set(dut.req.valid, 0)
         ctx.set(dut.o.ready, 1)
-        await ctx.tick().repeat(32 + 20 + 10)   # 32 reads issued, then 20 cycles without an answer
+        await ctx.tick().repeat(32 + 20 + 10)   # up to 32 reads issued, then 20 cycles without an answer
         assert ctx.get(dut.error)
         reads = model.reads
         for _ in range(50):
@@ -205,6 +269,8 @@ def test_reader_stays_stopped_after_error():
 
 @pytest.mark.parametrize("kw, exc", [({"addr_width": 0}, ValueError), ({"addr_width": 8, "port_width": 12}, ValueError),
                                      ({"addr_width": 8, "beat_width": 48}, ValueError),
+                                     ({"addr_width": 8, "port_width": 96}, ValueError),
+                                     ({"addr_width": 8, "port_width": 128, "beat_width": 48}, ValueError),
                                      ({"addr_width": 8, "depth": 1}, ValueError),
                                      ({"addr_width": 8, "timeout": 0}, ValueError),
                                      ({"addr_width": 8.0}, TypeError), ({"addr_width": True}, TypeError)])
@@ -224,7 +290,13 @@ def test_reader_widths():
         assert r.req.payload.shape().size == 25 + 26
         assert r.o.payload.shape() == beat_layout(64)
         assert r.port.rdata.signature.always_ready and r.port.wdata.signature.always_valid
-        del r
+        assert r.base_align == 2
+        w = DRAMImageReader(addr_width=25, port_width=128, beat_width=64)   # the ECPIX-5's DDR3: 512 MiB
+        assert w.byte_addr_width == 29 and w.base_align == 8
+        assert w.req.payload.shape().size == 29 + 30 and len(w.port.rdata.payload) == 128
+        assert w.o.payload.shape() == beat_layout(64)
+        assert DRAMImageReader(addr_width=8, port_width=128, beat_width=128).base_align == 16
+        del r, w
         gc.collect()
 
 
@@ -266,6 +338,145 @@ def test_writer_then_reader_round_trip(cmd_stall, in_idle):
     assert model.writes_taken == len(payload) // 2
     assert mem.astype("<u2").tobytes()[base:base + len(payload)] == payload
     assert not mem[:base // 2].any() and not mem[(base + len(payload)) // 2:].any()
+
+
+def run_writer(dut, mem, requests, *, seed=0, cmd_stall=0.0, in_idle=0.0):
+    """Write ``requests`` ((base, payload bytes) each) one after another through ``dut``; returns the model.
+    Checks that each request takes exactly its beats and that the writer ends idle without error."""
+    rng = np.random.default_rng(seed)
+    model = NativePortModel(dut.port, mem, rng, cmd_stall=cmd_stall)
+
+    async def tb(ctx):
+        for base, payload in requests:
+            beats = [int.from_bytes(payload[i:i + 8], "little") for i in range(0, len(payload), 8)]
+            ctx.set(dut.req.payload, {"base": base, "length": len(payload)})
+            ctx.set(dut.req.valid, 1)
+            await ctx.tick().until(dut.req.ready)
+            ctx.set(dut.req.valid, 0)
+            taken = 0
+            for _ in range(20000):
+                valid = rng.random() >= in_idle
+                ctx.set(dut.i.payload, beats[taken] if taken < len(beats) else 0xDEAD)
+                ctx.set(dut.i.valid, valid)
+                _, _, ready, busy, err = await ctx.tick().sample(dut.i.ready, dut.busy, dut.error)
+                assert not err
+                assert not (ready and taken >= len(beats)), "a beat beyond the request taken"
+                taken += valid and ready
+                if not busy and taken >= len(beats):
+                    break
+            ctx.set(dut.i.valid, 0)
+            assert taken == len(beats) and not ctx.get(dut.busy)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(model.process, background=True)
+    sim.add_testbench(tb)
+    sim.run()
+    return model
+
+
+#: (base, beats): a word's upper half alone, its lower half alone, from mid-word to mid-word (odd and even
+#: beats), word-aligned odd and even runs, the memory's last beat
+WIDE_WRITES = [(0x108, 1), (0x200, 1), (0x318, 7), (0x428, 4), (0x500, 5), (0x600, 32), (8192 - 8, 1)]
+
+
+@pytest.mark.parametrize("cmd_stall, in_idle", [(0.0, 0.0), (0.4, 0.5)])
+def test_wide_writer_writes_only_its_beats(cmd_stall, in_idle):
+    """128-bit port: each write lands at its byte addresses and every other byte, the other half of a word
+    it starts or ends in included, keeps its (random) value; one command per word touched."""
+    rng = np.random.default_rng(4)
+    mem = random_mem(seed=2)
+    want = bytearray(mem.view(np.uint8).tobytes())
+    requests = [(base, rng.bytes(8 * n)) for base, n in WIDE_WRITES]
+    for base, payload in requests:
+        want[base:base + len(payload)] = payload
+    dut = DRAMWideWriter(addr_width=addr_width_for(128), port_width=128)
+    model = run_writer(dut, mem, requests, seed=5, cmd_stall=cmd_stall, in_idle=in_idle)
+    assert mem.view(np.uint8).tobytes() == bytes(want)
+    assert model.writes_taken == sum(words_touched(b, len(p), 16) for b, p in requests)
+
+
+def test_wide_writer_single_beat_in_the_upper_half():
+    """One beat at 8 mod 16: one write command, byte enables 0xFF00 (the upper 8 bytes), the lower half and
+    everything else untouched; the reader then returns it at the same byte address."""
+    mem = random_mem(seed=3)
+    before = mem.view(np.uint8).copy()
+    dut = DRAMWideWriter(addr_width=addr_width_for(128), port_width=128)
+    seen = []
+    model = NativePortModel(dut.port, mem, np.random.default_rng(0))
+    write_word = model.write_word
+    model.write_word = lambda addr, value, we: (seen.append((addr, we)), write_word(addr, value, we))
+    payload = bytes(range(0xA0, 0xA8))
+
+    async def tb(ctx):
+        ctx.set(dut.req.payload, {"base": 0x48, "length": 8})
+        ctx.set(dut.req.valid, 1)
+        await ctx.tick().until(dut.req.ready)
+        ctx.set(dut.req.valid, 0)
+        ctx.set(dut.i.payload, int.from_bytes(payload, "little"))
+        ctx.set(dut.i.valid, 1)
+        await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+        await ctx.tick().repeat(20)
+        assert not ctx.get(dut.busy) and not ctx.get(dut.error)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(model.process, background=True)
+    sim.add_testbench(tb)
+    sim.run()
+    assert seen == [(0x48 // 16, 0xFF00)]
+    after = mem.view(np.uint8)
+    assert after[0x48:0x50].tobytes() == payload
+    assert np.array_equal(np.delete(after, np.s_[0x48:0x50]), np.delete(before, np.s_[0x48:0x50]))
+    got, _, _, err = run_reader(reader(128), mem, [(0x40, 16), (0x48, 8)])
+    assert not err and got[1] == [(int.from_bytes(payload, "little"), True)]
+    assert got[0][1] == got[1][0] and got[0][0][0] == int.from_bytes(before[0x40:0x48].tobytes(), "little")
+
+
+def test_wide_writer_at_full_rate():
+    """Without stalls the wide writer takes a beat a cycle: 256 beats (128 words) in under 270 cycles."""
+    mem = random_mem()
+    dut = DRAMWideWriter(addr_width=addr_width_for(128), port_width=128)
+    model = NativePortModel(dut.port, mem, np.random.default_rng(0))
+    payload = np.random.default_rng(1).bytes(8 * 256)
+    beats = [int.from_bytes(payload[i:i + 8], "little") for i in range(0, len(payload), 8)]
+    st = {}
+
+    async def tb(ctx):
+        ctx.set(dut.req.payload, {"base": 0, "length": len(payload)})
+        ctx.set(dut.req.valid, 1)
+        await ctx.tick().until(dut.req.ready)
+        ctx.set(dut.req.valid, 0)
+        ctx.set(dut.i.valid, 1)
+        cycles, taken = 0, 0
+        while taken < len(beats):
+            ctx.set(dut.i.payload, beats[taken])
+            _, _, ready = await ctx.tick().sample(dut.i.ready)
+            taken += ready
+            cycles += 1
+        ctx.set(dut.i.valid, 0)
+        st["cycles"] = cycles
+        await ctx.tick().until(~dut.busy)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(model.process, background=True)
+    sim.add_testbench(tb)
+    sim.run()
+    assert st["cycles"] < 270, f"256 beats taken in {st['cycles']} cycles"
+    assert mem.view(np.uint8)[:len(payload)].tobytes() == payload and model.writes_taken == 128
+
+
+@pytest.mark.parametrize("kw, exc", [({"port_width": 64}, ValueError), ({"port_width": 16}, ValueError),
+                                     ({"port_width": 96}, ValueError), ({"beat_width": 48}, ValueError),
+                                     ({"depth": 1}, ValueError), ({"addr_width": 8.0}, TypeError)])
+def test_wide_writer_parameters(kw, exc):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(exc):
+            DRAMWideWriter(**{"addr_width": 8, **kw})
+        gc.collect()
 
 
 # ---------------------------------------------------------------------------------------- init sequencer
