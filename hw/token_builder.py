@@ -26,14 +26,16 @@ packet the host sent.
 Timing: the command is taken in one cycle, the row's address (``base + 4 id hidden``) is registered in the
 next, the read request is offered in the one after; the four header words follow at once, while the reads
 are in flight. The packet is built one 32-bit word per cycle (a 64-bit beat every two cycles, 200 MB/s at
-50 MHz, twice the ULX3S SDRAM's peak and at the rate the core's channel-0 reader serializes words), the CRC
-word one cycle after the last padding word; backpressure on ``o`` or a late beat on ``rd`` stalls it without
-loss.
+50 MHz, twice the ULX3S SDRAM's peak and at the rate the core's channel-0 reader serializes words), except
+that a row beat is taken only in the cycle after the previous one's last word was used: with 64-bit beats
+the row's words come at two every three cycles when the reader has its beats ready (a wide DDR3 port; the
+ULX3S's 16-bit port delivers a beat every four cycles and is the bound there). The CRC word follows one
+cycle after the last padding word; backpressure on ``o`` or a late beat on ``rd`` stalls it without loss.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import crc, data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -82,6 +84,11 @@ class TokenBuilder(wiring.Component):
     max_hidden : int, >= 1
         Largest accepted ``hidden`` (default :data:`hw.isa.MAX_HIDDEN`; the core's own bound is its
         ``ID_MAX_HIDDEN``, which checks the packet's ``length`` again).
+    read_align : int
+        The reader's base granularity in bytes (:attr:`hw.dram_reader.DRAMImageReader.base_align`: 2 on the
+        ULX3S's 16-bit port, 8 on a port wider than the 64-bit beat), a power of two up to
+        ``beat_width / 8``; default 4. Up to 4 every row start is honoured as it is; above 4 the row is read
+        from its address rounded down to ``read_align`` and the words before it in its first beat are skipped.
 
     Members
     -------
@@ -95,8 +102,9 @@ class TokenBuilder(wiring.Component):
         Rows in the table. A command with ``token >= vocab`` reads nothing and emits nothing: it sets
         ``bad_token``.
     rd_req : Out(stream.Signature(dram_request_layout(byte_addr_width)))
-        To the image reader's ``req``: one request per good command, ``base + 4 token hidden``, length
-        ``4 hidden`` rounded up to whole beats (the last beat's extra words, the next row's, are dropped).
+        To the image reader's ``req``: one request per good command, ``base + 4 token hidden`` (rounded down to
+        ``read_align``), length ``4 hidden`` (plus the bytes that rounding added) rounded up to whole beats
+        (the first beat's words before the row and the last beat's after it, other rows', are dropped).
     rd : In(stream.Signature(beat_layout(beat_width)))
         From the image reader's ``o``: the row's beats. Taken only while the packet needs row words, so
         nothing beyond the request is consumed (the reader's ``o`` can be shared with the core's channel 0).
@@ -122,14 +130,20 @@ class TokenBuilder(wiring.Component):
         On a parameter of the wrong type or out of range.
     """
 
-    def __init__(self, *, byte_addr_width: int, beat_width: int = 64, max_hidden: int = isa.MAX_HIDDEN):
+    def __init__(self, *, byte_addr_width: int, beat_width: int = 64, max_hidden: int = isa.MAX_HIDDEN,
+                 read_align: int = 4):
         _int("byte_addr_width", byte_addr_width, 3)
         _int("beat_width", beat_width, 32)
         _int("max_hidden", max_hidden, 1)
+        _int("read_align", read_align, 1)
         ratio = beat_width // 32
         if beat_width % 32 or ratio & (ratio - 1):
             raise ValueError(f"beat_width must be a power-of-two multiple of 32, got {beat_width}")
+        if read_align & (read_align - 1) or read_align > max(4, beat_width // 8):
+            raise ValueError(f"read_align must be a power of two up to the beat's {beat_width // 8} bytes, "
+                             f"got {read_align}")
         self._addr_width, self._beat_width, self._max_hidden = byte_addr_width, beat_width, max_hidden
+        self._read_align = max(4, read_align)
         super().__init__({
             "cmd": In(stream.Signature(token_command_layout())),
             "base": In(byte_addr_width),
@@ -152,6 +166,11 @@ class TokenBuilder(wiring.Component):
     def max_hidden(self) -> int:
         return self._max_hidden
 
+    @property
+    def read_align(self) -> int:
+        """The row start granularity the builder asks of the reader, bytes (``read_align``, at least 4)."""
+        return self._read_align
+
     def elaborate(self, platform):
         m = Module()
         ratio = self._beat_width // 32
@@ -170,6 +189,8 @@ class TokenBuilder(wiring.Component):
         total = Signal(range(max_words + 1))       # words of this packet
         idx = Signal(range(max_words + 1))         # next word to emit
         bad_token, bad_hidden = Signal(), Signal()
+        skip_bits = ceil_log2(self._read_align) - 2       # the row's first words before the reader's boundary
+        skip = addr[2:2 + skip_bits]
 
         # ---- command: taken while idle; checked before anything is read
         with m.FSM() as fsm:
@@ -193,9 +214,15 @@ class TokenBuilder(wiring.Component):
                              idx.eq(0)]
                 m.next = "REQ"
             with m.State("REQ"):
-                m.d.comb += [self.rd_req.valid.eq(1), self.rd_req.payload.base.eq(addr),
-                             self.rd_req.payload.length.eq(
-                                 ((hidden << 2) + beat_bytes - 1) & ~(beat_bytes - 1))]
+                if skip_bits:       # from the reader's boundary below the row; the words before it skipped
+                    m.d.comb += [self.rd_req.valid.eq(1),
+                                 self.rd_req.payload.base.eq(addr & ~(self._read_align - 1)),
+                                 self.rd_req.payload.length.eq(
+                                     ((hidden << 2) + (skip << 2) + beat_bytes - 1) & ~(beat_bytes - 1))]
+                else:
+                    m.d.comb += [self.rd_req.valid.eq(1), self.rd_req.payload.base.eq(addr),
+                                 self.rd_req.payload.length.eq(
+                                     ((hidden << 2) + beat_bytes - 1) & ~(beat_bytes - 1))]
                 with m.If(self.rd_req.ready):
                     m.next = "EMIT"
             with m.State("EMIT"):
@@ -258,8 +285,18 @@ class TokenBuilder(wiring.Component):
 
         # ---- row beats in: one when the buffer is empty and row words are still wanted
         m.d.comb += self.rd.ready.eq(fsm.ongoing("EMIT") & is_payload & (in_have == 0))
+        if skip_bits:
+            first_beat = Signal()      # the row's first beat, whose first `skip` words are not the row's
+            with m.If(self.rd_req.valid & self.rd_req.ready):
+                m.d.sync += first_beat.eq(1)
+            with m.If(self.rd.valid & self.rd.ready):
+                m.d.sync += first_beat.eq(0)
         with m.If(self.rd.valid & self.rd.ready):
-            m.d.sync += [inbuf.eq(self.rd.payload.data), in_have.eq(ratio), in_pos.eq(0)]
+            if skip_bits:
+                m.d.sync += [inbuf.eq(self.rd.payload.data), in_have.eq(ratio - Mux(first_beat, skip, 0)),
+                             in_pos.eq(Mux(first_beat, skip, 0))]
+            else:
+                m.d.sync += [inbuf.eq(self.rd.payload.data), in_have.eq(ratio), in_pos.eq(0)]
         with m.Elif(take & is_payload):
             m.d.sync += in_have.eq(in_have - 1)
             if ratio > 1:

@@ -2,7 +2,8 @@
 (hw/dram_reader.py) and a behavioural LiteDRAM native port (tests/hw/test_dram_reader.py's model, random
 command stalls and read latencies) over an embedding table, token packets out. Every packet must equal
 ``host.protocol.make_token_packet`` of the table's row bit for bit, with idle cycles between commands and
-backpressure on the output.
+backpressure on the output, through the ULX3S's 16-bit port and the ECPIX-5 DDR3's 128-bit one (rows that
+start in either half of a 16-byte word, at any 4-byte boundary).
 """
 
 import gc
@@ -21,7 +22,7 @@ from host.protocol import check_token_packet, make_token_packet, token_packet_by
 from hw import isa
 from hw.dram_reader import DRAMImageReader
 from hw.token_builder import TokenBuilder, packet_words, token_command_layout
-from tests.hw.test_dram_reader import NativePortModel
+from tests.hw.test_dram_reader import PORT_WIDTHS, NativePortModel, addr_width_for, words_touched
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -44,14 +45,33 @@ def table_memory(rng, vocab, hidden, base, *, addr_width=ADDR_WIDTH):
     return mem, table
 
 
-def run_builder(commands, mem, *, beat_width=64, seed=0, cmd_idle=0.0, out_stall=0.0, cmd_stall=0.0,
-                latency=(3, 10), max_hidden=isa.MAX_HIDDEN, max_cycles=200_000):
+def builder_and_reader(port_width, *, beat_width=64, depth=64, max_hidden=isa.MAX_HIDDEN):
+    """A builder on a reader of a ``port_width`` port over the 32 KiB test memory (the builder's
+    ``read_align`` the reader's ``base_align``, as the board joins them)."""
+    reader = DRAMImageReader(addr_width=addr_width_for(port_width, ADDR_WIDTH), port_width=port_width,
+                             beat_width=beat_width, depth=depth)
+    dut = TokenBuilder(byte_addr_width=ADDR_WIDTH + 1, beat_width=beat_width, max_hidden=max_hidden,
+                       read_align=reader.base_align)
+    return dut, reader
+
+
+def row_reads(port_width, base, token, hidden, *, beat_width=64):
+    """Port reads for one row: from its start rounded down to the reader's granularity, whole beats."""
+    beat = beat_width // 8
+    align = max(4, min(port_width, beat_width) // 8)
+    start = base + 4 * token * hidden
+    first = start & ~(align - 1)
+    n = -(-(4 * hidden + start - first) // beat) * beat
+    return words_touched(first, n, port_width // 8)
+
+
+def run_builder(commands, mem, *, port_width=16, beat_width=64, seed=0, cmd_idle=0.0, out_stall=0.0,
+                cmd_stall=0.0, latency=(3, 10), max_hidden=isa.MAX_HIDDEN, max_cycles=200_000):
     """Send ``commands`` ((token, position, logits, base, hidden, vocab) each) one by one; returns, per
     command, (packet bytes, bad_token, bad_hidden) and the port model. The stream rules of ``o`` are
     checked (valid held, payload stable until the transfer) and nothing may come out between packets."""
     rng = np.random.default_rng(seed)
-    dut = TokenBuilder(byte_addr_width=ADDR_WIDTH + 1, beat_width=beat_width, max_hidden=max_hidden)
-    reader = DRAMImageReader(addr_width=ADDR_WIDTH, beat_width=beat_width, depth=16)
+    dut, reader = builder_and_reader(port_width, beat_width=beat_width, depth=16, max_hidden=max_hidden)
     m = Module()
     m.submodules.dut, m.submodules.reader = dut, reader
     connect(m, dut.rd_req, reader.req)
@@ -128,19 +148,22 @@ def test_packet_words_match_the_host():
         assert 4 * packet_words(hidden) == token_packet_bytes(hidden)
 
 
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
 @pytest.mark.parametrize("hidden, vocab, base", [(SHIPPED_HIDDEN, 9, 0x400), (1, 17, 0x24), (7, 13, 0x1004),
                                                  (11, 6, 0x40), (12, 5, 0x8)])
 @pytest.mark.parametrize("cmd_idle, out_stall, cmd_stall", [(0.0, 0.0, 0.0), (0.5, 0.6, 0.3)])
-def test_packets_equal_make_token_packet(hidden, vocab, base, cmd_idle, out_stall, cmd_stall):
+def test_packets_equal_make_token_packet(port_width, hidden, vocab, base, cmd_idle, out_stall, cmd_stall):
     rng = np.random.default_rng(hidden * 7 + int(10 * out_stall))
     mem, table = table_memory(rng, vocab, hidden, base)
     positions = [0, 1, (1 << 32) - 1, int(rng.integers(0, 1 << 32))]
     tokens = [0, vocab - 1, int(rng.integers(0, vocab)), 1 % vocab]
     commands = [(t, p, k % 2, base, hidden, vocab) for k, (t, p) in enumerate(zip(tokens, positions, strict=True))]
-    results, model = run_builder(commands, mem.copy(), seed=hidden, cmd_idle=cmd_idle, out_stall=out_stall,
-                                 cmd_stall=cmd_stall)
-    row_beats = -(-4 * hidden // 8)
-    assert model.reads == len(commands) * row_beats * 4   # the row, rounded to beats, and nothing else
+    results, model = run_builder(commands, mem.copy(), port_width=port_width, seed=hidden, cmd_idle=cmd_idle,
+                                 out_stall=out_stall, cmd_stall=cmd_stall)
+    # the row (from the reader's boundary below it), rounded to beats, and nothing else
+    assert model.reads == sum(row_reads(port_width, base, t, hidden) for t, *_ in commands)
+    if port_width == 16:
+        assert model.reads == len(commands) * -(-4 * hidden // 8) * 4
     for (t, p, lg, *_), (packet, bt, bh) in zip(commands, results, strict=True):
         assert not bt and not bh
         want = expected(table, t, p, lg)
@@ -149,15 +172,37 @@ def test_packets_equal_make_token_packet(hidden, vocab, base, cmd_idle, out_stal
         assert np.array_equal(x, table[t]) and flags == lg and position == p
 
 
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
 @pytest.mark.parametrize("beat_width", [32, 128])
-def test_other_beat_widths(beat_width):
+def test_other_beat_widths(port_width, beat_width):
+    """Beats of 32 and 128 bits; with the 128-bit port and 128-bit beats the reader's granularity is 16
+    bytes, so a row may start 1, 2 or 3 words into its first beat (hidden 13: rows at every 4 mod 16)."""
     rng = np.random.default_rng(beat_width)
     hidden, vocab, base = 13, 10, 0x200
     mem, table = table_memory(rng, vocab, hidden, base)
-    commands = [(t, 1000 + t, t % 2, base, hidden, vocab) for t in (9, 0, 4)]
-    results, _ = run_builder(commands, mem, beat_width=beat_width, seed=3, out_stall=0.4, cmd_stall=0.2)
+    commands = [(t, 1000 + t, t % 2, base, hidden, vocab) for t in (9, 0, 4, 1, 2, 3)]
+    results, model = run_builder(commands, mem, port_width=port_width, beat_width=beat_width, seed=3,
+                                 out_stall=0.4, cmd_stall=0.2)
     for (t, p, lg, *_), (packet, _, _) in zip(commands, results, strict=True):
         assert packet == expected(table, t, p, lg)
+    assert model.reads == sum(row_reads(port_width, base, t, hidden, beat_width=beat_width)
+                              for t, *_ in commands)
+
+
+@pytest.mark.parametrize("base", [0x108, 0x10C, 0x104])
+def test_rows_in_either_half_of_a_wide_word(base):
+    """128-bit port: the table at 8, 12 and 4 mod 16, hidden 3 (12-byte rows), so rows start at every 4-byte
+    offset of a 16-byte word, in its lower and its upper 64-bit half; every packet right, each row read
+    from the 8-byte boundary at or below it, the words touched once."""
+    rng = np.random.default_rng(base)
+    hidden, vocab = 3, 8
+    mem, table = table_memory(rng, vocab, hidden, base)
+    commands = [(t, t, 1, base, hidden, vocab) for t in range(vocab)]
+    results, model = run_builder(commands, mem, port_width=128, seed=4, out_stall=0.3, cmd_stall=0.2)
+    for (t, p, lg, *_), (packet, bt, bh) in zip(commands, results, strict=True):
+        assert not bt and not bh
+        assert packet == expected(table, t, p, lg), f"row {t} at {base + 12 * t:#x}"
+    assert model.reads == sum(row_reads(128, base, t, hidden) for t in range(vocab))
 
 
 def test_token_out_of_range_is_refused():
@@ -179,6 +224,19 @@ def test_token_out_of_range_is_refused():
     assert results[3][0] == expected(table, vocab - 1, 6, 0)
     assert results[5][0] == expected(table, 2, 8, 1)
     assert model.reads == 2 * (4 * hidden // 2)                 # the two good rows only
+
+
+def test_token_out_of_range_reads_nothing_on_a_wide_port():
+    rng = np.random.default_rng(5)
+    hidden, vocab, base = 5, 4, 0x108
+    mem, table = table_memory(rng, vocab, hidden, base)
+    commands = [(vocab, 3, 0, base, hidden, vocab), (vocab - 1, 6, 1, base, hidden, vocab),
+                (1, 7, 0, base, 0, vocab)]
+    results, model = run_builder(commands, mem, port_width=128, seed=1, out_stall=0.3)
+    assert [(bool(p), bt, bh) for p, bt, bh in results] == [(False, True, False), (True, False, False),
+                                                           (False, False, True)]
+    assert results[1][0] == expected(table, vocab - 1, 6, 1)
+    assert model.reads == row_reads(128, base, vocab - 1, hidden)
 
 
 def test_hidden_out_of_range_is_refused():
@@ -207,7 +265,9 @@ def test_a_corrupted_builder_would_be_caught():
 
 @pytest.mark.parametrize("kw, exc", [({"beat_width": 96}, ValueError), ({"beat_width": 16}, ValueError),
                                      ({"max_hidden": 0}, ValueError), ({"byte_addr_width": 25.0}, TypeError),
-                                     ({"byte_addr_width": 2}, ValueError)])
+                                     ({"byte_addr_width": 2}, ValueError), ({"read_align": 16}, ValueError),
+                                     ({"read_align": 12}, ValueError), ({"read_align": 0}, ValueError),
+                                     ({"read_align": 8.0}, TypeError)])
 def test_parameters_are_checked(kw, exc):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnusedElaboratable)
@@ -224,17 +284,22 @@ def test_widths():
         assert b.o.payload.shape().size == 65 and b.rd.payload.shape().size == 65
         assert b.rd_req.payload.shape().size == 25 + 26
         assert b.hidden.shape().width == 13 and b.beat_width == 64 and b.max_hidden == isa.MAX_HIDDEN
+        assert b.read_align == 4 and TokenBuilder(byte_addr_width=25, read_align=2).read_align == 4
+        assert TokenBuilder(byte_addr_width=29, read_align=8).read_align == 8
         del b
         gc.collect()
 
 
-def test_the_shipped_row_at_the_dram_rate():
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+def test_the_shipped_row_at_the_dram_rate(port_width):
     """Without stalls the header leaves before the row's reads return, and the shipped model's packet (hidden
-    324, 168 beats) takes little more than the row's 648 port words: the builder does not slow the SDRAM."""
+    324, 168 beats) takes little more than the row's 648 port words on the 16-bit port: the builder does not
+    slow the SDRAM. On the 128-bit port the row is 81 words and the builder is the bound: two row words
+    every three cycles (a beat is taken the cycle after its last word was used), about 486 cycles for the
+    row and the packet's 12 other words at one a cycle."""
     hidden, vocab, base = SHIPPED_HIDDEN, 3, 0
     mem, table = table_memory(np.random.default_rng(2), vocab, hidden, base)
-    dut = TokenBuilder(byte_addr_width=ADDR_WIDTH + 1)
-    reader = DRAMImageReader(addr_width=ADDR_WIDTH)
+    dut, reader = builder_and_reader(port_width)
     m = Module()
     m.submodules.dut, m.submodules.reader = dut, reader
     connect(m, dut.rd_req, reader.req)
@@ -270,4 +335,5 @@ def test_the_shipped_row_at_the_dram_rate():
     sim.run()
     assert seen["packet"] == expected(table, 2, 77, 0)
     assert seen["first"] <= 4, f"first beat {seen['first']} cycles after the command"
-    assert 648 <= seen["total"] <= 648 + 30, f"{seen['total']} cycles for a 648-word row"
+    bound = 648 if port_width == 16 else 3 * hidden // 2 + packet_words(hidden) - hidden
+    assert bound <= seen["total"] <= bound + 30, f"{seen['total']} cycles, bound {bound}"
