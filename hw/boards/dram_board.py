@@ -7,7 +7,8 @@ table live in board DRAM, and the link carries tokens, not vectors (issue 22; do
   :mod:`hw.boards.link_protocol` on byte streams (``rx``/``tx``; the board top puts
   :class:`hw.boards.uart_link.UARTPhy` in front);
 - the board registers (:class:`~hw.boards.link_protocol.BoardReg`, ``'G'``/``'P'``);
-- the DRAM engine (``'L'``, ``'C'``): :class:`hw.dram_writer.DRAMStreamWriter` for ``'L'``'s beats, and
+- the DRAM engine (``'L'``, ``'C'``): :class:`hw.dram_writer.DRAMStreamWriter` for ``'L'``'s beats
+  (:class:`hw.dram_wide_writer.DRAMWideWriter`, with byte enables, on a port wider than a beat), and
   :class:`hw.dram_reader.DRAMImageReader` into a CRC-32 (``zlib.crc32``'s, 64 bits a beat) for ``'C'``;
 - the control-bus engine (``'K'``, ``'J'``): one Wishbone access of the DRAM controller's CSRs (``ctrl``, to
   :class:`hw.dram.LiteDRAMCore`'s ``ctrl``) per command, refused while the power-up sequencer owns the bus and
@@ -24,6 +25,13 @@ table live in board DRAM, and the link carries tokens, not vectors (issue 22; do
 
 One reader and one writer share the one native port: the bridge runs one command at a time, so at most one
 of them is active (the writer owns the port during an ``'L'``, the reader otherwise).
+
+The port's word may be narrower than the link's and the core's 64-bit beat (the ULX3S SDRAM's 16 bits: four
+words a beat) or wider (the ECPIX-5 DDR3's 128 bits: two beats a word). The DRAM is byte-addressed either
+way, little-endian: byte ``a`` is byte ``a mod (port_width / 8)`` of word ``a // (port_width / 8)``, so an
+image or a table lands at the same byte addresses whatever the port. On a wide port the reader splits words
+into beats and the writer sets byte enables, so ranges at 8-byte boundaries that are not word boundaries
+read and write only their own bytes.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from hw.boards.uart_link import LinkBridge, stream_register
 from hw.dram import NativePortSignature
 from hw.dram_init import WishboneSignature
 from hw.dram_reader import DRAMImageReader
+from hw.dram_wide_writer import DRAMWideWriter
 from hw.dram_writer import DRAMStreamWriter
 from hw.params import BuildParams
 from hw.streams import AXIStreamSignature
@@ -77,9 +86,10 @@ class DRAMBoard(wiring.Component):
     build : hw.params.BuildParams
         The core's build (``channels`` 1, ``bus_bits`` 64: the link's and the reader's beats).
     addr_width : int
-        The native port's word address bits (24 on the ULX3S: 16 M words).
+        The native port's word address bits (24 on the ULX3S: 16 M words; 25 on the ECPIX-5: 32 M words).
     port_width : int
-        The native port's word bits (16 on the ULX3S), a power-of-two multiple of 8 dividing 64.
+        The native port's word bits (16 on the ULX3S, 128 on the ECPIX-5's DDR3: one BL8 burst of its x16
+        chip), a power-of-two number of bytes: a divisor of the 64-bit beat or a multiple of it.
     clock_hz : int
         The board clock, Hz (``BoardReg.CLOCK_HZ``; the core and the controller run at it).
     byte_timeout : int
@@ -128,7 +138,8 @@ class DRAMBoard(wiring.Component):
     ------
     TypeError, ValueError
         On a parameter of the wrong type or out of range (a build with another channel count or bus width,
-        a DRAM of 4 GiB or more).
+        a ``port_width`` that is neither a power-of-two divisor nor a power-of-two multiple of 64, a DRAM of
+        4 GiB or more).
     """
 
     def __init__(self, *, build: BuildParams, addr_width: int = 24, port_width: int = 16, clock_hz: int,
@@ -140,9 +151,11 @@ class DRAMBoard(wiring.Component):
             raise ValueError(f"a DRAM board feeds one {BEAT_BITS}-bit weight channel: channels=1, bus_bits=64, "
                              f"got channels={build.channels}, bus_bits={build.bus_bits}")
         _int("addr_width", addr_width, 1)
-        _int("port_width", port_width, 8, BEAT_BITS)
+        _int("port_width", port_width, 8)
         if port_width % 8 or port_width & (port_width - 1):
-            raise ValueError(f"port_width must be a power-of-two multiple of 8, got {port_width}")
+            raise ValueError(f"port_width must be a power-of-two number of bytes: a divisor of the {BEAT_BITS}-bit "
+                             f"beat (8, 16, 32, 64) or a power-of-two multiple of it (128, 256, ...), got "
+                             f"{port_width}")
         if (1 << addr_width) * (port_width // 8) >= 1 << 32:
             raise ValueError(f"a DRAM of 2**{addr_width} words of {port_width} bits does not fit DRAM_BYTES "
                              "(32 bits)")
@@ -209,8 +222,12 @@ class DRAMBoard(wiring.Component):
         core = self._core
         reader = DRAMImageReader(addr_width=aw, port_width=pw, beat_width=BEAT_BITS, depth=self._reader_depth,
                                  timeout=self._dram_timeout)
-        writer = DRAMStreamWriter(addr_width=aw, port_width=pw, beat_width=BEAT_BITS)
-        builder = TokenBuilder(byte_addr_width=baw, beat_width=BEAT_BITS, max_hidden=self._build.max_hidden)
+        if pw <= BEAT_BITS:
+            writer = DRAMStreamWriter(addr_width=aw, port_width=pw, beat_width=BEAT_BITS)
+        else:       # a word of several beats: byte enables for the beats an 'L' writes
+            writer = DRAMWideWriter(addr_width=aw, port_width=pw, beat_width=BEAT_BITS)
+        builder = TokenBuilder(byte_addr_width=baw, beat_width=BEAT_BITS, max_hidden=self._build.max_hidden,
+                               read_align=reader.base_align)
         tap = ArgmaxTap()
         m.submodules.core = reset(core)
         m.submodules.reader = reset(reader)
@@ -298,6 +315,9 @@ class DRAMBoard(wiring.Component):
         cycles without progress ends with ``TIMEOUT`` (its remaining beats dropped; the writer stays stuck
         until ``'X'``); a read that times out (the reader's ``error``) likewise. The CRC is
         ``CRC32_ETHERNET`` (``zlib.crc32``'s) over the beats, 64 bits a cycle, byte 0 of a beat first.
+        On a port wider than a beat the writer writes the words an ``'L'`` starts or ends in with the byte
+        enables of its own beats only, and ``'C'`` reads whole words and hands the CRC only the range's beats
+        (:class:`~hw.dram_reader.DRAMImageReader`).
 
         Returns the writer's port ownership (high from the write request until its last word was taken)."""
         bp, reader, writer = u.bridge.board, u.reader, u.writer
@@ -457,7 +477,9 @@ class DRAMBoard(wiring.Component):
 
         Refusals come first and send nothing to the core: ``NOT_READY`` (the DRAM not initialised or its port
         not enabled), ``NO_IMAGE`` (``IMAGE_VALID`` clear, or an image of
-        fewer than 8 bytes or reaching beyond ``DRAM_BYTES``, which the reader could not stream whole),
+        fewer than 8 bytes or reaching beyond ``DRAM_BYTES``, which the reader could not stream whole; on a port
+        of 64 bits or more also an ``IMAGE_BASE`` that is not a multiple of 8, which the reader would round
+        down; the 16-bit port's reader rounds an odd one down to its word, as it always has),
         ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
         builder's ``BAD_TOKEN``/``BAD_HIDDEN`` (``EMBED_HIDDEN`` above ``max_hidden`` reaches the builder as
         0). A read that times out mid-token ends it with ``READ_TIMEOUT`` (the core waits for the rest of
@@ -501,6 +523,8 @@ class DRAMBoard(wiring.Component):
             with m.State("CHECK"):
                 no_image = (~regs.image_valid | (regs.image_bytes[3:] == 0)
                             | ((regs.image_base + regs.image_bytes) > self.dram_bytes))
+                if reader.base_align > 2:   # the reader would ignore IMAGE_BASE's bits below its beat
+                    no_image = no_image | (regs.image_base[:ceil_log2(reader.base_align)] != 0)
                 with m.If(~u.usable):
                     m.d.sync += status.eq(TokenStatus.NOT_READY)
                     m.next = "REPLY"

@@ -6,6 +6,11 @@ golden device (the whole output packet, or the argmax summary), a corrupted imag
 the next token after CTRL.clear. The control bus ('K'/'J', link version 3) is answered by a behavioural
 Wishbone subordinate (:class:`WishboneModel`): accesses, the power-up sequencer's ownership, a missing ack,
 bad addresses, and the port enable of a board built with ``hold_port``.
+
+The tests that touch the DRAM run with the ULX3S's 16-bit port and the ECPIX-5 DDR3's 128-bit one (two 64-bit
+beats a word) over the same 32 KiB of bytes: the same bytes must land at the same byte addresses, and loads,
+CRCs, images and embedding rows that start or end in the middle of a 16-byte word must read and write only
+their own bytes.
 """
 
 from __future__ import annotations
@@ -36,12 +41,12 @@ from hw.boards.dram_board import DRAMBoard
 from hw.dram import NativePortSignature
 from hw.dram_init import DRAMControl, WishboneSignature
 from hw.params import BuildParams
-from tests.hw.test_dram_reader import NativePortModel
+from tests.hw.test_dram_reader import PORT_WIDTHS, NativePortModel, addr_width_for
 from tests.hw.uart_sim import LoopbackCore
 
 pytestmark = pytest.mark.filterwarnings("error")
 
-ADDR_WIDTH = 14            # 16 K words of 16 bits: 32 KiB of DRAM
+ADDR_WIDTH = 14            # 16 K words of 16 bits: 32 KiB of DRAM (2 K words of 128 bits)
 DRAM_BYTES = 2 << ADDR_WIDTH
 CLOCK_HZ = 50_000_000
 BYTE_TIMEOUT = 400
@@ -250,10 +255,16 @@ class Bench:
         sim.run()
 
 
-def small_board(**kw) -> DRAMBoard:
-    """A board around the loopback stand-in core (each 64-bit beat comes back as two output words)."""
-    return DRAMBoard(build=BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT,
-                     core=LoopbackCore(), dram_timeout=200, **kw)
+@pytest.fixture(params=PORT_WIDTHS, ids=lambda w: f"port{w}")
+def port_width(request) -> int:
+    return request.param
+
+
+def small_board(port_width: int = 16, **kw) -> DRAMBoard:
+    """A board around the loopback stand-in core (each 64-bit beat comes back as two output words), its port
+    ``port_width`` bits wide over the 32 KiB test DRAM."""
+    return DRAMBoard(build=BUILD, addr_width=addr_width_for(port_width, ADDR_WIDTH), port_width=port_width,
+                     clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT, core=LoopbackCore(), dram_timeout=200, **kw)
 
 
 def blank_mem(seed=1):
@@ -272,8 +283,8 @@ def put_bytes(mem, addr, data: bytes):
 
 # ---------------------------------------------------------------------------------------------- registers
 
-def test_board_registers():
-    bench = Bench(small_board(), blank_mem())
+def test_board_registers(port_width):
+    bench = Bench(small_board(port_width), blank_mem())
 
     async def script(ctx, b):
         assert await b.get(ctx, lp.BoardReg.MAGIC) == lp.BOARD_MAGIC
@@ -308,11 +319,11 @@ def test_board_registers():
 
 # ---------------------------------------------------------------------------------------------- DRAM
 
-def test_load_then_crc_equals_zlib():
+def test_load_then_crc_equals_zlib(port_width):
     """'L' writes bytes the port model then holds; 'C' over any 8-byte-aligned range equals zlib.crc32;
     'L' clears IMAGE_VALID."""
     mem = blank_mem()
-    bench = Bench(small_board(), mem, cmd_stall=0.3)
+    bench = Bench(small_board(port_width), mem, cmd_stall=0.3)
     rng = np.random.default_rng(7)
     chunks = [(0x100, rng.bytes(8)), (0x1000, rng.bytes(8 * 40)), (DRAM_BYTES - 64, rng.bytes(64))]
 
@@ -333,10 +344,56 @@ def test_load_then_crc_equals_zlib():
     bench.run(script)
 
 
-def test_bad_alignment_and_range_do_nothing():
+def test_loads_and_crcs_that_start_or_end_mid_word(port_width):
+    """'L's of one beat into the upper and the lower half of a 16-byte word, and of odd and even beats from
+    and to 8 mod 16: the bytes land at their addresses and every other byte of the DRAM keeps its value (on
+    the 128-bit port the byte enables cover only the load's half of a word it shares), one write per port
+    word touched; 'C' over odd numbers of beats from either half equals zlib.crc32."""
+    mem = blank_mem(seed=4)
+    want = bytearray(mem.view(np.uint8).tobytes())
+    bench = Bench(small_board(port_width), mem, cmd_stall=0.2)
+    rng = np.random.default_rng(9)
+    loads = [(0x108, rng.bytes(8)), (0x200, rng.bytes(8)), (0x318, rng.bytes(8 * 7)), (0x428, rng.bytes(16)),
+             (0x500, rng.bytes(24)), (DRAM_BYTES - 8, rng.bytes(8))]
+    word = port_width // 8
+
+    async def script(ctx, b):
+        writes = 0
+        for addr, data in loads:
+            assert await b.load(ctx, addr, data) == 0
+            want[addr:addr + len(data)] = data
+            assert mem.view(np.uint8).tobytes() == bytes(want), hex(addr)
+            writes += (addr + len(data) - 1) // word - addr // word + 1
+            assert b.model.writes_taken == writes
+        for addr, n in [(0x108, 8), (0x100, 24), (0x318, 56), (0x310, 8 * 9), (0x428, 8), (0x420, 40),
+                        (0x508, 8), (DRAM_BYTES - 8, 8), (DRAM_BYTES - 24, 24)]:
+            assert await b.crc(ctx, addr, n) == (zlib.crc32(bytes(want[addr:addr + n])), 0), (hex(addr), n)
+
+    bench.run(script)
+
+
+def test_port_width_is_checked():
+    """A port word must be a power-of-two number of bytes: a divisor of the 64-bit beat or a multiple of it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        for pw in (24, 48, 96, 192, 4, 12):
+            with pytest.raises(ValueError, match="port_width"):
+                DRAMBoard(build=BUILD, addr_width=10, port_width=pw, clock_hz=CLOCK_HZ, core=LoopbackCore())
+        with pytest.raises(TypeError, match="port_width"):
+            DRAMBoard(build=BUILD, addr_width=10, port_width=128.0, clock_hz=CLOCK_HZ, core=LoopbackCore())
+        with pytest.raises(ValueError, match="DRAM_BYTES"):     # 2**28 words of 16 bytes: 4 GiB
+            DRAMBoard(build=BUILD, addr_width=28, port_width=128, clock_hz=CLOCK_HZ, core=LoopbackCore())
+        ecpix5 = DRAMBoard(build=BUILD, addr_width=25, port_width=128, clock_hz=75_000_000, core=LoopbackCore())
+        assert ecpix5.dram_bytes == 512 << 20 and ecpix5.byte_addr_width == 29
+        assert ecpix5.port.signature == NativePortSignature(addr_width=25, data_width=128)
+        del ecpix5
+        gc.collect()
+
+
+def test_bad_alignment_and_range_do_nothing(port_width):
     mem = blank_mem()
     before = mem.copy()
-    bench = Bench(small_board(), mem)
+    bench = Bench(small_board(port_width), mem)
 
     async def script(ctx, b):
         for addr in (4, 0x101, DRAM_BYTES - 8, DRAM_BYTES, 0xFFFFFFF8):
@@ -350,10 +407,10 @@ def test_bad_alignment_and_range_do_nothing():
     bench.run(script)
 
 
-def test_dram_not_ready():
+def test_dram_not_ready(port_width):
     mem = blank_mem()
     before = mem.copy()
-    bench = Bench(small_board(), mem, dram_ready=False)
+    bench = Bench(small_board(port_width), mem, dram_ready=False)
 
     async def script(ctx, b):
         assert await b.get(ctx, lp.BoardReg.STATUS) == lp.BoardStatus.PORT_ENABLED
@@ -365,11 +422,11 @@ def test_dram_not_ready():
     bench.run(script)
 
 
-def test_load_abandoned_mid_data():
+def test_load_abandoned_mid_data(port_width):
     """A link dropped mid-'L': the parser gives up after the byte time-out, the write completes with zero
     beats, no reply comes, and the next commands work."""
     mem = blank_mem()
-    bench = Bench(small_board(), mem)
+    bench = Bench(small_board(port_width), mem)
     data = bytes(range(1, 1 + 8 * 6))
 
     async def script(ctx, b):
@@ -467,13 +524,13 @@ def test_ctrl_timeout_then_the_link_goes_on():
     bench.run(script)
 
 
-def test_held_port_until_the_host_enables_it():
+def test_held_port_until_the_host_enables_it(port_width):
     """hold_port: after power-up the port is held (port_enable low, PORT_HELD set, PORT_ENABLED clear); 'L', 'C'
     and 'T' are refused with nothing read or written while 'K'/'J' (leveling) work; PORT_ENABLE 1 releases the
     port, 0 holds it again, and writes leave the other registers."""
     mem = blank_mem()
     before = mem.copy()
-    bench = Bench(small_board(hold_port=True), mem)
+    bench = Bench(small_board(port_width, hold_port=True), mem)
     held, enabled = lp.BoardStatus.PORT_HELD, lp.BoardStatus.PORT_ENABLED
 
     async def script(ctx, b):
@@ -524,17 +581,20 @@ class ControlledBoard(wiring.Component):
     ``dram_ready``/``dram_error`` from the sequencer. ``port`` and ``ctrl`` here are the generated core's side
     (``core_port``, ``bus``); ``dram_ready``/``dram_error`` are unused (the bench sets them)."""
 
-    def __init__(self):
+    def __init__(self, port_width: int = 16):
+        self._port_width = port_width
         super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
-                          "port": Out(NativePortSignature(addr_width=ADDR_WIDTH, data_width=16)),
+                          "port": Out(NativePortSignature(addr_width=addr_width_for(port_width, ADDR_WIDTH),
+                                                          data_width=port_width)),
                           "ctrl": Out(WishboneSignature()), "dram_ready": In(1), "dram_error": In(1),
                           "init_done": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.board = board = small_board(hold_port=True)
-        m.submodules.control = control = DRAMControl(writes=INIT, addr_width=ADDR_WIDTH, data_width=16,
-                                                     hold_port=True)
+        pw = self._port_width
+        m.submodules.board = board = small_board(pw, hold_port=True)
+        m.submodules.control = control = DRAMControl(writes=INIT, addr_width=addr_width_for(pw, ADDR_WIDTH),
+                                                     data_width=pw, hold_port=True)
         connect(m, flipped(self.rx), board.rx)
         connect(m, board.tx, flipped(self.tx))
         connect(m, board.ctrl, control.ctrl)
@@ -546,12 +606,12 @@ class ControlledBoard(wiring.Component):
         return m
 
 
-def test_ctrl_with_the_power_up_sequencer():
+def test_ctrl_with_the_power_up_sequencer(port_width):
     """Board and DRAMControl joined: while the sequencer plays its writes the board answers BUSY and only the
     sequencer's transfers reach the bus; then 'K' reads what it wrote and 'J' writes; the port stays held
     (NOT_READY, no port command) until PORT_ENABLE, then 'L' and 'C' run through the gate."""
     mem = blank_mem()
-    bench = Bench(ControlledBoard(), mem)
+    bench = Bench(ControlledBoard(port_width), mem)
     data = bytes(range(3, 43, 2)) + bytes(4)
 
     async def script(ctx, b):
@@ -576,17 +636,21 @@ def test_ctrl_with_the_power_up_sequencer():
 
 # ---------------------------------------------------------------------------------------------- tokens, stand-in core
 
-def test_token_packet_and_image_reach_channel_zero():
+@pytest.mark.parametrize("image_base, embed_base", [(IMAGE_BASE, EMBED_BASE), (0x1008, 0x6008)],
+                         ids=["aligned", "mid-word"])
+def test_token_packet_and_image_reach_channel_zero(port_width, image_base, embed_base):
     """Around the loopback stand-in: a token with LOGITS sends make_token_packet of the row, then the image
-    (each with tlast), which come back as they went in; refused tokens send nothing; 'S' still streams."""
+    (each with tlast), which come back as they went in; refused tokens send nothing; 'S' still streams.
+    The image is 21 beats (not a whole number of 16-byte words); with "mid-word" it starts at 8 mod 16 and
+    the table too (hidden 13: rows at every 4 mod 16, in either half of a word)."""
     rng = np.random.default_rng(3)
     hidden, vocab = 13, 9
     table = rng.integers(-(1 << 31), 1 << 31, size=(vocab, hidden), dtype=np.int64)
     image = rng.bytes(8 * 21)
     mem = blank_mem()
-    put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
-    put_bytes(mem, IMAGE_BASE, image)
-    bench = Bench(small_board(), mem, cmd_stall=0.2)
+    put_bytes(mem, embed_base, table.astype("<i4").tobytes())
+    put_bytes(mem, image_base, image)
+    bench = Bench(small_board(port_width), mem, cmd_stall=0.2)
 
     async def script(ctx, b):
         assert await b.token(ctx, 1, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE
@@ -596,8 +660,13 @@ def test_token_packet_and_image_reach_channel_zero():
             await b.put(ctx, lp.BoardReg.IMAGE_BYTES, n)
             assert await b.token(ctx, 1, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE, (base, n)
         assert bench.model.reads == 0
-        for reg, v in ((lp.BoardReg.IMAGE_BASE, IMAGE_BASE), (lp.BoardReg.IMAGE_BYTES, len(image)),
-                       (lp.BoardReg.EMBED_BASE, EMBED_BASE), (lp.BoardReg.EMBED_HIDDEN, hidden),
+        if port_width > 64:     # the wide reader's granularity is the beat: an IMAGE_BASE below it is refused
+            await b.put(ctx, lp.BoardReg.IMAGE_BASE, image_base + 4)
+            await b.put(ctx, lp.BoardReg.IMAGE_BYTES, len(image) - 8)
+            assert await b.token(ctx, 1, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE
+            assert bench.model.reads == 0
+        for reg, v in ((lp.BoardReg.IMAGE_BASE, image_base), (lp.BoardReg.IMAGE_BYTES, len(image)),
+                       (lp.BoardReg.EMBED_BASE, embed_base), (lp.BoardReg.EMBED_HIDDEN, hidden),
                        (lp.BoardReg.EMBED_VOCAB, vocab), (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)):
             await b.put(ctx, reg, v)
         assert await b.token(ctx, vocab, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.BAD_TOKEN
@@ -607,12 +676,12 @@ def test_token_packet_and_image_reach_channel_zero():
         assert await b.token(ctx, 0, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.BAD_HIDDEN
         await b.put(ctx, lp.BoardReg.EMBED_HIDDEN, hidden)
         await b.quiet(ctx, 200)
-        for token, pos in ((vocab - 1, 7), (0, 0xFFFFFFFF)):
+        for token, pos in ((vocab - 1, 7), (0, 0xFFFFFFFF), (1, 3), (2, 4), (3, 5)):
             assert await b.token(ctx, token, pos, lp.TokenFlags.LOGITS) == 0
             packet, img = await b.output(ctx, 2)
-            assert packet == make_token_packet(table[token], position=pos, logits=True)
+            assert packet == make_token_packet(table[token], position=pos, logits=True), token
             assert img == image
-        assert await b.get(ctx, lp.BoardReg.TOKENS) == 10
+        assert await b.get(ctx, lp.BoardReg.TOKENS) == 13 + (port_width > 64)
         # 'S' beats reach the core as before, passed through whole
         data = bytes(range(40, 64))
         await b.send(ctx, struct.pack("<BHB", lp.OP_STREAM, 2, 1) + data)
@@ -633,22 +702,30 @@ def tiny_model():
     return image, embeddings_fixed(w.embeddings, fm.residual)
 
 
-def real_board():
-    return DRAMBoard(build=BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT)
+def real_board(port_width: int = 16):
+    return DRAMBoard(build=BUILD, addr_width=addr_width_for(port_width, ADDR_WIDTH), port_width=port_width,
+                     clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT)
 
 
-def model_mem(image: bytes, table: np.ndarray) -> np.ndarray:
+#: where the slow tests put the image and the table: at word boundaries on the 16-bit port, at 8 mod 16 (the
+#: upper half of a 128-bit word) on the 128-bit one
+BASES = {16: (IMAGE_BASE, EMBED_BASE), 128: (IMAGE_BASE + 8, EMBED_BASE + 8)}
+
+
+def model_mem(image: bytes, table: np.ndarray, bases=(IMAGE_BASE, EMBED_BASE)) -> np.ndarray:
+    image_base, embed_base = bases
     mem = blank_mem()
-    put_bytes(mem, IMAGE_BASE, image)
+    put_bytes(mem, image_base, image)
     raw = table.astype("<i4").tobytes()
-    assert IMAGE_BASE + len(image) <= EMBED_BASE and EMBED_BASE + len(raw) <= DRAM_BYTES
-    put_bytes(mem, EMBED_BASE, raw + bytes(len(raw) % 2))
+    assert image_base + len(image) <= embed_base and embed_base + len(raw) <= DRAM_BYTES
+    put_bytes(mem, embed_base, raw + bytes(len(raw) % 2))
     return mem
 
 
-async def configure(ctx, b, image, table, *, valid=True):
-    for reg, v in ((lp.BoardReg.IMAGE_BASE, IMAGE_BASE), (lp.BoardReg.IMAGE_BYTES, len(image)),
-                   (lp.BoardReg.EMBED_BASE, EMBED_BASE), (lp.BoardReg.EMBED_HIDDEN, table.shape[1]),
+async def configure(ctx, b, image, table, *, valid=True, bases=(IMAGE_BASE, EMBED_BASE)):
+    image_base, embed_base = bases
+    for reg, v in ((lp.BoardReg.IMAGE_BASE, image_base), (lp.BoardReg.IMAGE_BYTES, len(image)),
+                   (lp.BoardReg.EMBED_BASE, embed_base), (lp.BoardReg.EMBED_HIDDEN, table.shape[1]),
                    (lp.BoardReg.EMBED_VOCAB, table.shape[0]),
                    (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID if valid else 0)):
         await b.put(ctx, reg, v)
@@ -660,12 +737,12 @@ def summary(packet: bytes, flags: int = 0) -> bytes:
 
 
 @pytest.mark.slow
-def test_tokens_from_dram_bit_exact():
+def test_tokens_from_dram_bit_exact(port_width):
     """A token before any image (NO_IMAGE, no output), then tokens of a tiny model from DRAM: argmax-only
     (the summary of the golden device's packet, flags 0) and with LOGITS (the golden packet itself), state
     carried. The first token's output is awaited; the others are sent as soon as the previous 't' came,
     before its output (each packet must still get its own token's form), and a refused token between them
-    changes nothing."""
+    changes nothing. On the 128-bit port the image and the table start in the upper half of a word."""
     image, table = tiny_model()
     gold = GoldenMachine(image)
     state = gold.init_state()
@@ -675,17 +752,19 @@ def test_tokens_from_dram_bit_exact():
         res = gold.run_token(make_token_packet(table[token], position=pos, logits=bool(flags)), state)
         state = res.state
         expected.append(res.output if flags else summary(res.output))
-    bench = Bench(real_board(), model_mem(image, table), cmd_stall=0.1)
+    bases = BASES[port_width]
+    bench = Bench(real_board(port_width), model_mem(image, table, bases), cmd_stall=0.1)
     image_words = len(image) // 2
 
     async def script(ctx, b):
-        await configure(ctx, b, image, table, valid=False)
+        await configure(ctx, b, image, table, valid=False, bases=bases)
         assert await b.token(ctx, 5, 0) == lp.TokenStatus.NO_IMAGE
         await b.quiet(ctx, 300)
         await b.put(ctx, lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)
         start = b.cycle
         assert await b.token(ctx, *steps[0]) == 0
-        assert b.cycle - start < 1.3 * image_words      # the image at the port's rate (10 % stalls)
+        # the image at the 16-bit port's rate (10 % stalls), and no slower on the 128-bit port
+        assert b.cycle - start < 1.3 * image_words, f"{b.cycle - start} cycles"
         assert await b.output(ctx, 1) == expected[:1]
         for k, step in enumerate(steps[1:], 1):
             assert await b.token(ctx, *step) == 0
@@ -698,7 +777,7 @@ def test_tokens_from_dram_bit_exact():
 
 
 @pytest.mark.slow
-def test_corrupted_image_is_a_core_error_then_the_next_token_is_right():
+def test_corrupted_image_is_a_core_error_then_the_next_token_is_right(port_width):
     """A weight byte of the image changed in DRAM (to another valid base-3 byte): CORE_ERROR, the core's
     ERROR_CAUSE is WEIGHT_CRC; the image restored and CTRL.clear written, the next token is right (the
     failed token committed nothing)."""
@@ -710,17 +789,18 @@ def test_corrupted_image_is_a_core_error_then_the_next_token_is_right():
     with pytest.raises(ImageError) as err:
         parse_image(bytes(bad))
     assert err.value.cause == isa.ErrorCause.WEIGHT_CRC
-    mem = model_mem(bytes(bad), table)
+    bases = BASES[port_width]
+    mem = model_mem(bytes(bad), table, bases)
     gold = GoldenMachine(image)
     want = gold.run_token(make_token_packet(table[9], position=0, logits=False), gold.init_state()).output
-    bench = Bench(real_board(), mem)
+    bench = Bench(real_board(port_width), mem)
 
     async def script(ctx, b):
-        await configure(ctx, b, image, table)
+        await configure(ctx, b, image, table, bases=bases)
         assert await b.token(ctx, 9, 0) == lp.TokenStatus.CORE_ERROR
         assert await b.core_read(ctx, R.STATUS) & isa.Status.ERROR.value
         assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC.value
-        put_bytes(mem, IMAGE_BASE, image)
+        put_bytes(mem, bases[0], image)
         await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR.value)
         assert await b.token(ctx, 9, 0) == 0
         assert await b.output(ctx, 1) == [summary(want)]
@@ -728,7 +808,7 @@ def test_corrupted_image_is_a_core_error_then_the_next_token_is_right():
     bench.run(script)
 
 
-def test_read_timeout_then_reset():
+def test_read_timeout_then_reset(port_width):
     """Reads that never return: the token ends with READ_TIMEOUT, the reader stays stopped (READER_ERROR;
     'C' TIMEOUT, the next 'T' READ_TIMEOUT at once) until 'X', after which tokens run again."""
     rng = np.random.default_rng(5)
@@ -738,8 +818,8 @@ def test_read_timeout_then_reset():
     mem = blank_mem()
     put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
     put_bytes(mem, IMAGE_BASE, image)
-    bench = Bench(small_board(), mem)
-    bench.model.lose_after = 5
+    bench = Bench(small_board(port_width), mem)
+    bench.model.lose_after = 5 if port_width == 16 else 2
 
     async def script(ctx, b):
         await configure(ctx, b, image, table)
@@ -762,12 +842,12 @@ def test_read_timeout_then_reset():
     bench.run(script)
 
 
-def test_write_timeout_then_reset():
+def test_write_timeout_then_reset(port_width):
     """A controller that never takes a write command: 'L' ends with TIMEOUT after dram_timeout cycles (its
     beats still taken, the next command parsed), the stuck writer refuses the next 'L' at once, and 'X'
     frees it."""
     mem = blank_mem()
-    bench = Bench(small_board(), mem)
+    bench = Bench(small_board(port_width), mem)
     data = bytes(range(100, 132))
 
     async def script(ctx, b):
