@@ -1,0 +1,296 @@
+# amaranth: UnusedElaboratable=no
+"""hw.boards.ecp5.Ddr3Ecp5Top, the ECPIX-5's DDR3 board top, elaborated with the real generated DDR3 core
+(hw.dram.generate_core(ECPIX5_CONFIG)) and the stand-in board of tests/test_ecp5_build.py (DRAMBoard's members at
+the core's 128-bit port), into the build plan the toolchain would run (no tools run), and its netlist read back
+through Yosys (``proc; flatten``, seconds): the oscillator on both PLLs, two clock domains and their resets, the
+DDR3 pins, the crossings; the build's report with the toolchain stubbed; the ULX3S top still one clock domain."""
+
+import json
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from hw.boards import ecp5
+from tests.test_ecp5_build import StandInBoard
+
+pytest.importorskip("litedram")
+
+#: the ECPIX-5's DDR3 pads (amaranth-boards' ``ddr3`` resource, the sites of LiteX's ecpix5 platform): the
+#: core's pin -> sites (the true side of clk and dqs)
+DDR3_SITES = {"clk_p": ["H3"], "cke": ["P1"], "we_n": ["R3"], "ras_n": ["T3"], "cas_n": ["P2"],
+              "a": "T5 M3 L3 V6 K2 W6 K3 L1 H2 L2 N1 J1 M1 K1 H1".split(), "ba": "U6 N3 N4".split(),
+              "dqs_p": ["V4", "V1"], "dq": "T4 W4 R4 W5 R6 P6 P5 P4 R1 W3 T2 V3 U3 W1 T1 W2".split(),
+              "dm": ["U4", "U1"], "odt": ["P3"]}
+#: the complementary pads of the differential pairs: never in the design (the SSTL15D_I type makes them)
+DDR3_N_SITES = ("J3", "U5", "U2")
+
+
+def _yosys():
+    env = ecp5._tool_env()
+    tool = shutil.which(env["YOSYS"])
+    if tool is None:
+        pytest.skip("Yosys (the synth extra) is not installed")
+    return tool
+
+
+@pytest.fixture(scope="module")
+def ddr3(tmp_path_factory):
+    """The plan of the DDR3 top at 100 MHz (32 lanes, 2 Mbaud), the stand-in board, the generated core."""
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+
+    from hw.dram import ECPIX5_CONFIG, generate_core
+
+    core = generate_core(ECPIX5_CONFIG)
+    boards = []
+    top = ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_BUILD.replace(quant_lanes=4), clk_in_hz=100e6, freq_hz=100e6,
+                           baud=2_000_000, dram_core=core,
+                           board=lambda **p: boards.append(StandInBoard(**p)) or boards[-1])
+    d = tmp_path_factory.mktemp("ddr3_top")
+    plan = ECPIX585Platform().build(top, name="top", build_dir=str(d), do_build=False)
+    plan.extract(str(d))
+    return {"plan": plan, "core": core, "board": boards[0], "top": top, "dir": d}
+
+
+@pytest.fixture(scope="module")
+def netlist(ddr3):
+    """The top module of the design read back through Yosys (the core a black box, ``proc; flatten``)."""
+    d = ddr3["dir"]
+    subprocess.run([_yosys(), "-q", "-p", f"read_verilog -lib {ddr3['core'].name}.v; read_rtlil top.il; "
+                    "hierarchy -top top; proc; flatten; opt_clean; write_json net.json"], cwd=d, check=True,
+                   capture_output=True, timeout=600)
+    return json.loads((d / "net.json").read_text())["modules"]["top"]
+
+
+def _cells(net, kind):
+    return {n: c for n, c in net["cells"].items() if c["type"] == kind}
+
+
+def _one(net, kind):
+    cells = _cells(net, kind)
+    assert len(cells) == 1, (kind, sorted(cells))
+    return next(iter(cells.values()))["connections"]
+
+
+def test_the_board_gets_the_ddr3_port_and_holds_it(ddr3):
+    core = ddr3["core"]
+    assert (core.addr_width, core.data_width, core.bytes) == (25, 128, 512 << 20)
+    assert ddr3["board"].params == {"build": ecp5.DEFAULT_BUILD.replace(quant_lanes=4), "addr_width": 25,
+                                    "port_width": 128, "clock_hz": 100_000_000, "byte_timeout": None,
+                                    "hold_port": True}
+    top = ddr3["top"]
+    assert top.divisor == 50 and top.freq_hz == 100e6          # 2 Mbaud from the core's 100 MHz, exactly
+    assert top.dram_clocks == {"dram": 75e6, "sys2x": 150e6, "init": 25e6}
+
+
+def test_the_plan_reads_the_core_and_locates_every_ddr3_pin(ddr3):
+    files, core = ddr3["plan"].files, ddr3["core"]
+    assert files[f"{core.name}.v"] == core.verilog[0].read_bytes()
+    ys = files["top.ys"]
+    assert ys.index(f"read_verilog  {core.name}.v") < ys.index("read_rtlil top.il")
+    lpf = files["top.lpf"]
+    for pin, sites in DDR3_SITES.items():
+        for site in sites:
+            assert f'SITE "{site}";' in lpf, (pin, site)
+    for site in DDR3_N_SITES:
+        assert f'SITE "{site}";' not in lpf, site
+    assert 'IOBUF PORT "ddr3_0__clk__p" IO_TYPE=SSTL15D_I' in lpf
+    for i in (0, 1):
+        assert (f'IOBUF PORT "ddr3_0__dqs__p[{i}]" IO_TYPE=SSTL15D_I SLEWRATE=FAST TERMINATION=OFF '
+                'DIFFRESISTOR=100;') in lpf
+    assert 'IOBUF PORT "ddr3_0__dq__io[15]" IO_TYPE=SSTL15_I SLEWRATE=FAST TERMINATION=75;' in lpf
+    assert 'FREQUENCY PORT "clk100_0__io" 100000000' in lpf
+    # the FT2232H's serial lines and four green LEDs
+    for site in ("R26", "R24", "R21", "W21", "K24", "R23"):
+        assert f'SITE "{site}";' in lpf, site
+
+
+def test_the_oscillator_feeds_both_plls_and_two_domains_run(netlist):
+    """One pad buffer on the oscillator drives the DDR3 core's clk (its PLL) and the core clock's EHXPLLL; every
+    flip-flop of the design is clocked by that EHXPLLL's CLKOP (sync) or by the DDR3 core's user_clk (dram), and
+    both are present; the dram reset is the core's user_rst, the sync reset comes from the PLL's lock through
+    an asynchronous-assert reset synchroniser."""
+    ports = netlist["ports"]
+    pad = netlist["cells"]["clk_in.buf.buf0"]["connections"]
+    assert netlist["cells"]["clk_in.buf.buf0"]["type"] == "IB" and pad["I"] == ports["clk100_0__io"]["bits"]
+    lite, pll = _one(netlist, "litedram_ecpix5"), _one(netlist, "EHXPLLL")
+    assert lite["clk"] == pll["CLKI"] == pad["O"]
+    assert lite["rst"] == ["0"]
+    sync_clk, dram_clk = pll["CLKOP"], lite["user_clk"]
+    assert sync_clk != dram_clk
+    names = netlist["netnames"]
+    assert names["clk"]["bits"] == sync_clk and names["dram_clk"]["bits"] == dram_clk
+    assert names["dram_rst"]["bits"] == lite["user_rst"]
+    clocks = Counter()
+    for c in netlist["cells"].values():
+        if c["type"] in ("$dff", "$adff", "$sdff", "$dffe", "$adffe", "$sdffe", "$memwr_v2"):
+            clocks[tuple(c["connections"]["CLK"])] += 1
+    assert set(clocks) == {tuple(sync_clk), tuple(dram_clk)}, clocks
+    assert clocks[tuple(sync_clk)] > 20 and clocks[tuple(dram_clk)] > 10
+    # sync reset: the ResetSynchronizer's flops, set asynchronously while the PLL is unlocked
+    rsync = [c for n, c in netlist["cells"].items() if "reset_sync" in n and c["type"] == "$adff"]
+    assert len(rsync) == 2 and all(c["connections"]["CLK"] == sync_clk for c in rsync)
+    for c in rsync:           # reset while LOCK is low (the inverter folded into the flops' reset polarity)
+        assert c["connections"]["ARST"] == pll["LOCK"] and int(c["parameters"]["ARST_POLARITY"], 2) == 0
+    assert names["rst"]["bits"] in [c["connections"]["Q"] for c in rsync]
+
+
+def test_the_core_pll_makes_the_core_clock(netlist):
+    pll = next(iter(_cells(netlist, "EHXPLLL").values()))["parameters"]
+    want = ecp5.pll_config(100e6, 100e6)
+    assert int(pll["CLKI_DIV"], 2) == want["clki_div"] and int(pll["CLKFB_DIV"], 2) == want["clkfb_div"]
+    assert int(pll["CLKOP_DIV"], 2) == want["clkop_div"]
+    assert pll["FEEDBK_PATH"] == "CLKOP" and want["f_out"] == 100e6
+
+
+def test_the_ddr3_pins_reach_the_core(netlist):
+    """Every pin of the core's port list (DDR3_PINS) on its top-level port, the differential pairs by their true
+    sides, the never-driven complements tied low, cs_n and reset_n (not wired on the ECPIX-5) open."""
+    ports, lite = netlist["ports"], _one(netlist, "litedram_ecpix5")
+    for pin, sub in ecp5.DDR3_PINS.items():
+        field, side = sub if isinstance(sub, tuple) else (sub, "io")
+        if pin in ("cs_n", "reset_n"):
+            assert f"ddram_{pin}" not in lite and f"ddr3_0__{field}__{side}" not in ports
+            continue
+        assert lite[f"ddram_{pin}"] == ports[f"ddr3_0__{field}__{side}"]["bits"], pin
+        assert len(lite[f"ddram_{pin}"]) == len(DDR3_SITES[pin]), pin
+    assert lite["ddram_clk_n"] == ["0"] and lite["ddram_dqs_n"] == ["0", "0"]
+    assert {k for k in ports if k.startswith("ddr3_")} == {f"ddr3_0__{f}__{s}" for f, s in (
+        ("a", "io"), ("ba", "io"), ("ras", "io"), ("cas", "io"), ("we", "io"), ("dm", "io"), ("dq", "io"),
+        ("dqs", "p"), ("clk", "p"), ("clk_en", "io"), ("odt", "io"))}
+    assert ports["ddr3_0__dq__io"]["direction"] == "inout" and ports["ddr3_0__dqs__p"]["direction"] == "inout"
+
+
+def test_the_crossings_are_in_place(netlist):
+    """The port through NativePortCDC (three AsyncFIFOs), the control bus through WishboneCDC (four toggles), and
+    the four status levels through 2-stage synchronisers into the domain that reads them."""
+    names = netlist["netnames"]
+    lite, pll = _one(netlist, "litedram_ecpix5"), _one(netlist, "EHXPLLL")
+    sync_clk, dram_clk = pll["CLKOP"], lite["user_clk"]
+    # the core's ports are driven and read in the dram domain only: its cmd_valid/wb_ctrl_cyc come from logic
+    # clocked by user_clk (the crossings' dram sides), not from the board's sync logic
+    assert any(n.startswith("port_cdc.") for n in names) and any(n.startswith("ctrl_cdc.") for n in names)
+    for fifo in ("cmd_fifo", "wdata_fifo", "rdata_fifo"):
+        assert any(n.startswith(f"port_cdc.{fifo}") for n in names), fifo
+    for t in ("req", "cancel", "ack", "cancel_ack"):
+        assert f"ctrl_cdc.{t}_sync" in names, t
+
+    def ff_clock_of(prefix):
+        clks = {tuple(c["connections"]["CLK"]) for n, c in netlist["cells"].items()
+                if n.startswith(f"$flatten\\{prefix}.") and c["type"] == "$dff"}
+        assert len(clks) == 1, (prefix, clks)
+        return list(clks.pop())
+
+    assert ff_clock_of("ready_sync") == ff_clock_of("error_sync") == ff_clock_of("dram_lock_sync") == sync_clk
+    assert ff_clock_of("port_enable_sync") == dram_clk
+    # the board's dram_ready is the synchronised init_done
+    assert names["ready_sync.init_done"]["bits"] == lite["init_done"]
+
+
+def test_the_top_refuses_what_it_cannot_build():
+    from hw.dram import ULX3S_CONFIG, generate_sim_core
+
+    with pytest.raises(ValueError, match="not DDR3"):
+        ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=100e6, freq_hz=100e6, baud=2_000_000,
+                         dram_config=ULX3S_CONFIG)
+    with pytest.raises(ValueError, match="input_clk_freq"):
+        ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=25e6, freq_hz=100e6, baud=2_000_000)
+    with pytest.raises(ValueError, match="within 1 %"):
+        ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=100e6, freq_hz=100e6, baud=12_000_000)
+    with pytest.raises(ValueError, match="one 64-bit weight channel"):
+        ecp5.Ddr3Ecp5Top(core_params={**ecp5.DEFAULT_PARAMS, "channels": 2}, clk_in_hz=100e6, freq_hz=100e6,
+                         baud=2_000_000)
+    from hw.dram import ECPIX5_CONFIG
+
+    sim = generate_sim_core(ECPIX5_CONFIG)
+    with pytest.raises(ValueError, match="hardware core"):
+        ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=100e6, freq_hz=100e6, baud=2_000_000,
+                         dram_core=sim)
+    # 4 Mbaud: 25 cycles of 100 MHz, and 12 MHz / 3 on the FT2232H
+    assert ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=100e6, freq_hz=100e6,
+                            baud=4_000_000).divisor == 25
+
+
+def test_the_generated_pll_is_read_from_the_core(ddr3):
+    gen = ecp5._generated_pll(ddr3["core"], 100e6)
+    assert gen["outputs"]["CLKOP"] == 150e6 and gen["outputs"]["CLKOS"] == 25e6      # sys2x, init
+    assert 400e6 <= gen["f_vco"] <= 800e6
+
+
+def test_the_build_report_records_both_plls_and_every_clock(tmp_path, monkeypatch):
+    """build(dram=True) on the ECPIX-5 with the toolchain stubbed by a nextpnr report of the nets the DDR3 top has:
+    report.json carries the core PLL, the DDR3 core's PLL, every clock's role and target, the LiteDRAM record with
+    its CSR map, hold_port, the link version and the command; timing_met needs every clock."""
+    from amaranth.build.plat import BuildPlan
+
+    from hw.boards.link_protocol import LINK_VERSION
+
+    fmax = {"$glbnet$clk": (104.2, 100.0), "$glbnet$dram_clk": (96.1, 75.0),
+            "$glbnet$dram.litedram.sys2x_clk": (151.0, 150.0), "$glbnet$dram.litedram.init_clk": (300.0, 25.0)}
+
+    def fake_tools(self, root, **kw):
+        root = Path(root)
+        self.extract(str(root))
+        (root / "nextpnr_report.json").write_text(json.dumps({
+            "fmax": {k: {"achieved": a, "constraint": c} for k, (a, c) in fmax.items()},
+            "utilization": {"TRELLIS_COMB": {"used": 30000, "available": 83640}}}))
+        (root / "top.tim").write_text("".join(
+            f"Info: Max frequency for clock '{k}': {a:.2f} MHz ({'PASS' if a >= c else 'FAIL'} at {c:.2f} MHz)\n"
+            for k, (a, c) in fmax.items()))
+        (root / "top.bit").write_bytes(b"\0" * 16)
+
+    monkeypatch.setattr(BuildPlan, "execute_local", fake_tools)
+    monkeypatch.setattr(ecp5, "_dram_board", StandInBoard)
+    monkeypatch.setattr(ecp5, "_tool_version", lambda cmd: "stub")
+    bdir = tmp_path / "build"
+    rc = ecp5.build("ecpix5-85f", tmp_path / "out", freq_mhz=100, baud=2_000_000, build_root=bdir,
+                    write_bitstream_dir=False, dram=True, lanes=32, quant_lanes=4)
+    rep = json.loads((bdir / "report.json").read_text())
+    assert rc == 0 and rep["timing_met"] is True and rep["fmax_mhz"] == 104.2
+    assert (rep["top"], rep["link_version"], rep["hold_port"]) == ("dram", LINK_VERSION, True)
+    assert rep["pll"]["f_out"] == 100e6 and "clkos" not in rep["pll"]
+    dp = rep["dram_pll"]
+    assert dp["outputs"] == {"CLKOP": {"role": "sys2x", "mhz": 150.0}, "CLKOS": {"role": "init", "mhz": 25.0}}
+    assert (dp["clki_div"], dp["clkfb_div"], dp["f_in_mhz"]) == (1, 6, 100.0)
+    targets = {k: v["target_mhz"] for k, v in rep["clock_targets"].items()}
+    assert targets == {"core": 100.0, "dram": 75.0, "sys2x": 150.0, "init": 25.0, "osc": 100.0}
+    assert {c["role"] for c in rep["clocks"].values()} == {"core", "dram", "sys2x", "init"}
+    assert rep["clocks"]["$glbnet$dram_clk"]["role"] == "dram" and rep["core_clock_net"] == "$glbnet$clk"
+    lite = rep["litedram"]
+    assert lite["config"] == "hw/boards/litedram/ecpix5.yml" and lite["settings"]["sdram_phy"] == "ECP5DDRPHY"
+    assert lite["port_data_width"] == 128 and lite["dram_bytes"] == 512 << 20
+    assert lite["csr_registers"]["ddrphy_rdly_dq_bitslip"]["addr"] == 0x810
+    assert rep["command"].endswith(" --dram") and "--sdram-phase" not in rep["command"]
+    # one clock short of its target fails the build
+    fmax["$glbnet$dram.litedram.sys2x_clk"] = (140.0, 150.0)
+    rc = ecp5.build("ecpix5-85f", tmp_path / "out", freq_mhz=100, baud=2_000_000, build_root=bdir,
+                    write_bitstream_dir=False, dram=True, lanes=32, quant_lanes=4)
+    rep = json.loads((bdir / "report.json").read_text())
+    assert rc == 1 and rep["timing_met"] is False
+
+
+def test_the_ulx3s_top_keeps_one_clock_domain(tmp_path):
+    """The ULX3S's SDR top is not the DDR3 top: one EHXPLLL, every flip-flop on its CLKOP (the SDRAM clock pin's
+    ODDRX1F on CLKOS), no crossing."""
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+    from hw.dram import generate_core
+
+    core = generate_core()
+    top = ecp5.DramEcp5Top(core_params=ecp5.DEFAULT_BUILD.replace(lanes=16, quant_lanes=4), clk_in_hz=25e6,
+                           freq_hz=50e6, baud=2_000_000, dram_core=core, board=StandInBoard)
+    plan = ULX3S_85F_Platform().build(top, name="top", build_dir=str(tmp_path), do_build=False)
+    plan.extract(str(tmp_path))
+    subprocess.run([_yosys(), "-q", "-p", f"read_verilog -lib {core.name}.v; read_rtlil top.il; hierarchy -top top; "
+                    "proc; flatten; opt_clean; write_json net.json"], cwd=tmp_path, check=True, capture_output=True,
+                   timeout=600)
+    net = json.loads((tmp_path / "net.json").read_text())["modules"]["top"]
+    pll = _one(net, "EHXPLLL")
+    clocks = {tuple(c["connections"]["CLK"]) for c in net["cells"].values()
+              if c["type"] in ("$dff", "$adff", "$memwr_v2")}
+    assert clocks == {tuple(pll["CLKOP"])}
+    assert _one(net, "ODDRX1F")["SCLK"] == pll["CLKOS"]
+    assert not any(n.startswith(("port_cdc", "ctrl_cdc")) for n in net["netnames"])
+    assert _one(net, f"{core.name}")["clk"] == pll["CLKOP"]
