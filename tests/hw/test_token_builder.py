@@ -189,20 +189,22 @@ def test_other_beat_widths(port_width, beat_width):
                               for t, *_ in commands)
 
 
+@pytest.mark.parametrize("port_width", [64, 128])
 @pytest.mark.parametrize("base", [0x108, 0x10C, 0x104])
-def test_rows_in_either_half_of_a_wide_word(base):
+def test_rows_in_either_half_of_a_wide_word(port_width, base):
     """128-bit port: the table at 8, 12 and 4 mod 16, hidden 3 (12-byte rows), so rows start at every 4-byte
     offset of a 16-byte word, in its lower and its upper 64-bit half; every packet right, each row read
-    from the 8-byte boundary at or below it, the words touched once."""
+    from the 8-byte boundary at or below it, the words touched once. The same on a 64-bit port (a word a
+    beat: rows at 4 mod 8 read from the beat below)."""
     rng = np.random.default_rng(base)
     hidden, vocab = 3, 8
     mem, table = table_memory(rng, vocab, hidden, base)
     commands = [(t, t, 1, base, hidden, vocab) for t in range(vocab)]
-    results, model = run_builder(commands, mem, port_width=128, seed=4, out_stall=0.3, cmd_stall=0.2)
+    results, model = run_builder(commands, mem, port_width=port_width, seed=4, out_stall=0.3, cmd_stall=0.2)
     for (t, p, lg, *_), (packet, bt, bh) in zip(commands, results, strict=True):
         assert not bt and not bh
         assert packet == expected(table, t, p, lg), f"row {t} at {base + 12 * t:#x}"
-    assert model.reads == sum(row_reads(128, base, t, hidden) for t in range(vocab))
+    assert model.reads == sum(row_reads(port_width, base, t, hidden) for t in range(vocab))
 
 
 def test_token_out_of_range_is_refused():
