@@ -3,7 +3,8 @@
 (hw.dram.generate_core(ECPIX5_CONFIG)) and the stand-in board of tests/test_ecp5_build.py (DRAMBoard's members at
 the core's 128-bit port), into the build plan the toolchain would run (no tools run), and its netlist read back
 through Yosys (``proc; flatten``, seconds): the oscillator on both PLLs, two clock domains and their resets, the
-DDR3 pins, the crossings; the build's report with the toolchain stubbed; the ULX3S top still one clock domain."""
+DDR3 pins, the crossings; the build's report with the toolchain stubbed; the ULX3S top still one clock domain; and
+the top with the real DRAMBoard at 128 bits (elaborated only)."""
 
 import json
 import shutil
@@ -294,3 +295,31 @@ def test_the_ulx3s_top_keeps_one_clock_domain(tmp_path):
     assert _one(net, "ODDRX1F")["SCLK"] == pll["CLKOS"]
     assert not any(n.startswith(("port_cdc", "ctrl_cdc")) for n in net["netnames"])
     assert _one(net, f"{core.name}")["clk"] == pll["CLKOP"]
+
+
+def test_the_ddr3_top_elaborates_with_dram_board_at_128_bits(tmp_path):
+    """The default board component, hw.boards.dram_board.DRAMBoard, at the core's 128-bit port with its port held
+    (about 15 s: the whole accelerator is elaborated)."""
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+
+    from hw.boards.dram_board import DRAMBoard
+    from hw.dram import ECPIX5_CONFIG, generate_core
+
+    made = []
+
+    def board(**params):
+        made.append(DRAMBoard(**params))
+        return made[-1]
+
+    core = generate_core(ECPIX5_CONFIG)
+    top = ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_BUILD.replace(quant_lanes=4), clk_in_hz=100e6, freq_hz=100e6,
+                           baud=2_000_000, dram_core=core, board=board)
+    plan = ECPIX585Platform().build(top, name="top", build_dir=str(tmp_path), do_build=False)
+    (b,) = made
+    assert b.port.signature.members["wdata"].signature.members["payload"].shape.size == 128 + 16
+    assert len(b.port.cmd.payload.addr) == 25
+    il = plan.files["top.il"]
+    assert f"cell \\{core.name}" in il and il.count("cell \\EHXPLLL") == 1
+    assert b.hold_port is True
+    for part in ("port_cdc", "ctrl_cdc", "port_enable_sync", "ready_sync", "linked"):
+        assert f"  cell \\top.{part} \\{part}\n" in il, part
