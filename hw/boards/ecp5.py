@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from amaranth.hdl import Cat, ClockDomain, Elaboratable, Instance, Module, ResetInserter, Signal
-from amaranth.lib import fifo, io
+from amaranth.lib import fifo, io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
-from amaranth.lib.wiring import connect
+from amaranth.lib.wiring import In, Out, connect, flipped
 
 from hw.boards.facts import BOARDS as FACTS
 from hw.boards.facts import BoardFacts
@@ -50,7 +50,8 @@ from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "Ddr3Ecp5Top", "LinkedCore", "LinkedDramBoard",
            "pll_config", "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS",
-           "DEFAULT_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS", "DDR3_PINS", "dram_top_class"]
+           "DEFAULT_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS", "DDR3_PINS", "Ddr3Crossings",
+           "dram_top_class"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -627,6 +628,71 @@ def _generated_pll(core, f_in: float) -> dict:
     return {"params": params, "f_in": f_in, "f_vco": vco, "outputs": outputs}
 
 
+class Ddr3Crossings(wiring.Component):
+    """The crossings of :class:`Ddr3Ecp5Top` between the board component in ``from_domain`` (the core's ``sync``)
+    and :class:`hw.dram.LiteDRAMCore` in ``to_domain`` (its ``dram`` controller clock):
+
+    - ``port`` -> ``dram_port``: :class:`hw.dram_cdc.NativePortCDC` (three ``AsyncFIFO`` of ``depth`` entries);
+    - ``ctrl`` -> ``dram_ctrl``: :class:`hw.wishbone_cdc.WishboneCDC` (one transfer at a time; a transfer the board
+      withdraws after its ``ctrl_timeout`` is withdrawn there too);
+    - ``port_enable`` -> ``dram_port_enable`` and ``init_done``/``init_error``/``pll_locked`` ->
+      ``dram_ready``/``dram_error``/``dram_locked``: 2-stage :class:`amaranth.lib.cdc.FFSynchronizer` each, into
+      the domain that reads them (``pll_locked`` is asynchronous).
+
+    Parameters
+    ----------
+    addr_width, data_width : int
+        The controller's native port (:class:`hw.dram.NativePortSignature`).
+    from_domain, to_domain : str
+        Default ``"sync"`` and ``"dram"``.
+    depth : int
+        Entries of each port FIFO (default 32).
+
+    Members
+    -------
+    port : In(NativePortSignature); ctrl : In(WishboneSignature()); port_enable : In(1)
+        From the board (``from_domain``).
+    dram_ready, dram_error, dram_locked : Out(1)
+        To the board (``from_domain``).
+    dram_port : Out(NativePortSignature); dram_ctrl : Out(WishboneSignature()); dram_port_enable : Out(1)
+        To the controller (``to_domain``).
+    init_done, init_error : In(1)
+        From the controller (``to_domain``).
+    pll_locked : In(1)
+        From the controller's PLL (asynchronous).
+    """
+
+    def __init__(self, addr_width: int, data_width: int, *, from_domain: str = "sync", to_domain: str = "dram",
+                 depth: int = 32):
+        from hw.dram import NativePortSignature
+        from hw.dram_init import WishboneSignature
+
+        self._widths, self._from, self._to, self._depth = (addr_width, data_width), from_domain, to_domain, depth
+        port = NativePortSignature(addr_width=addr_width, data_width=data_width)
+        super().__init__({"port": In(port), "ctrl": In(WishboneSignature()), "port_enable": In(1),
+                          "dram_ready": Out(1), "dram_error": Out(1), "dram_locked": Out(1),
+                          "dram_port": Out(port), "dram_ctrl": Out(WishboneSignature()), "dram_port_enable": Out(1),
+                          "init_done": In(1), "init_error": In(1), "pll_locked": In(1)})
+
+    def elaborate(self, platform):
+        from hw.dram_cdc import NativePortCDC
+        from hw.wishbone_cdc import WishboneCDC
+
+        m = Module()
+        f, t = self._from, self._to
+        m.submodules.port_cdc = port_cdc = NativePortCDC(*self._widths, from_domain=f, to_domain=t, depth=self._depth)
+        connect(m, flipped(self.port), port_cdc.port)
+        connect(m, port_cdc.dram_port, flipped(self.dram_port))
+        m.submodules.ctrl_cdc = ctrl_cdc = WishboneCDC(from_domain=f, to_domain=t)
+        connect(m, flipped(self.ctrl), ctrl_cdc.bus)
+        connect(m, ctrl_cdc.sub, flipped(self.dram_ctrl))
+        m.submodules.ready_sync = FFSynchronizer(self.init_done, self.dram_ready, o_domain=f)
+        m.submodules.error_sync = FFSynchronizer(self.init_error, self.dram_error, o_domain=f)
+        m.submodules.dram_lock_sync = FFSynchronizer(self.pll_locked, self.dram_locked, o_domain=f)
+        m.submodules.port_enable_sync = FFSynchronizer(self.port_enable, self.dram_port_enable, o_domain=t)
+        return m
+
+
 class Ddr3Ecp5Top(Elaboratable):
     """Board top of a board with DDR3 (the ECPIX-5 85F): the model in the board's DDR3, the accelerator core in its
     own faster clock domain, tokens over the link, read leveling by the host through the link.
@@ -643,7 +709,7 @@ class Ddr3Ecp5Top(Elaboratable):
       (:class:`amaranth.lib.cdc.ResetSynchronizer`) until it locks. The DDR3 core's lock does not gate it: the
       link answers (and reports the DRAM not ready) even when the DRAM's clocks never start.
 
-    Between them:
+    Between them (:class:`Ddr3Crossings`):
 
     - the board's native port (``sync``) to the controller's (``dram``) through
       :class:`hw.dram_cdc.NativePortCDC` (three ``AsyncFIFO`` of ``cdc_depth`` entries);
@@ -723,8 +789,6 @@ class Ddr3Ecp5Top(Elaboratable):
         from amaranth.hdl import ClockSignal, ResetSignal
 
         from hw.dram import LiteDRAMCore, generate_core
-        from hw.dram_cdc import NativePortCDC
-        from hw.wishbone_cdc import WishboneCDC
 
         m = Module()
         core = self.dram_core or generate_core(self.dram_config)
@@ -754,27 +818,21 @@ class Ddr3Ecp5Top(Elaboratable):
         board = self._board(**params)
         m.submodules.linked = linked = LinkedDramBoard(board, divisor=self.divisor)
 
-        m.submodules.port_cdc = port_cdc = NativePortCDC(core.addr_width, core.data_width, from_domain="sync",
-                                                         to_domain="dram", depth=self.cdc_depth)
-        connect(m, board.port, port_cdc.port)
-        connect(m, port_cdc.dram_port, dram.port)
-        m.submodules.ctrl_cdc = ctrl_cdc = WishboneCDC(from_domain="sync", to_domain="dram")
-        connect(m, board.ctrl, ctrl_cdc.bus)
-        connect(m, ctrl_cdc.sub, dram.ctrl)
-
-        ready, error, dram_lock = Signal(), Signal(), Signal()
-        m.submodules.ready_sync = FFSynchronizer(dram.init_done, ready, o_domain="sync")
-        m.submodules.error_sync = FFSynchronizer(dram.init_error, error, o_domain="sync")
-        m.submodules.dram_lock_sync = FFSynchronizer(dram.pll_locked, dram_lock, o_domain="sync")
-        m.submodules.port_enable_sync = FFSynchronizer(board.port_enable, dram.port_enable, o_domain="dram")
-        m.d.comb += [board.dram_ready.eq(ready), board.dram_error.eq(error)]
+        m.submodules.crossings = x = Ddr3Crossings(core.addr_width, core.data_width, depth=self.cdc_depth)
+        connect(m, board.port, x.port)
+        connect(m, board.ctrl, x.ctrl)
+        connect(m, x.dram_port, dram.port)
+        connect(m, x.dram_ctrl, dram.ctrl)
+        m.d.comb += [x.port_enable.eq(board.port_enable), dram.port_enable.eq(x.dram_port_enable),
+                     x.init_done.eq(dram.init_done), x.init_error.eq(dram.init_error), x.pll_locked.eq(dram.pll_locked),
+                     board.dram_ready.eq(x.dram_ready), board.dram_error.eq(x.dram_error)]
 
         uart = platform.request("uart", 0, dir="-")
         m.submodules.uart_rx_pin = rx_pin = io.Buffer("i", uart.rx)
         m.submodules.uart_tx_pin = tx_pin = io.Buffer("o", uart.tx)
         m.d.comb += [linked.rx.eq(rx_pin.i), tx_pin.o.eq(linked.tx)]
 
-        _status_lights(m, platform, [lock & dram_lock, ready, board.irq, error | linked.overflow])
+        _status_lights(m, platform, [lock & x.dram_locked, x.dram_ready, board.irq, x.dram_error | linked.overflow])
         return m
 
 

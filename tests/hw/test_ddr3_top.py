@@ -172,22 +172,21 @@ def test_the_crossings_are_in_place(netlist):
     sync_clk, dram_clk = pll["CLKOP"], lite["user_clk"]
     # the core's ports are driven and read in the dram domain only: its cmd_valid/wb_ctrl_cyc come from logic
     # clocked by user_clk (the crossings' dram sides), not from the board's sync logic
-    assert any(n.startswith("port_cdc.") for n in names) and any(n.startswith("ctrl_cdc.") for n in names)
     for fifo in ("cmd_fifo", "wdata_fifo", "rdata_fifo"):
-        assert any(n.startswith(f"port_cdc.{fifo}") for n in names), fifo
+        assert any(n.startswith(f"crossings.port_cdc.{fifo}") for n in names), fifo
     for t in ("req", "cancel", "ack", "cancel_ack"):
-        assert f"ctrl_cdc.{t}_sync" in names, t
+        assert f"crossings.ctrl_cdc.{t}_sync" in names, t
 
     def ff_clock_of(prefix):
         clks = {tuple(c["connections"]["CLK"]) for n, c in netlist["cells"].items()
-                if n.startswith(f"$flatten\\{prefix}.") and c["type"] == "$dff"}
+                if n.startswith(f"$flatten\\crossings.\\{prefix}.") and c["type"] == "$dff"}
         assert len(clks) == 1, (prefix, clks)
         return list(clks.pop())
 
     assert ff_clock_of("ready_sync") == ff_clock_of("error_sync") == ff_clock_of("dram_lock_sync") == sync_clk
     assert ff_clock_of("port_enable_sync") == dram_clk
     # the board's dram_ready is the synchronised init_done
-    assert names["ready_sync.init_done"]["bits"] == lite["init_done"]
+    assert names["crossings.init_done"]["bits"] == lite["init_done"]
 
 
 def test_the_top_refuses_what_it_cannot_build():
@@ -293,7 +292,7 @@ def test_the_ulx3s_top_keeps_one_clock_domain(tmp_path):
               if c["type"] in ("$dff", "$adff", "$memwr_v2")}
     assert clocks == {tuple(pll["CLKOP"])}
     assert _one(net, "ODDRX1F")["SCLK"] == pll["CLKOS"]
-    assert not any(n.startswith(("port_cdc", "ctrl_cdc")) for n in net["netnames"])
+    assert not any(n.startswith(("crossings", "port_cdc", "ctrl_cdc")) for n in net["netnames"])
     assert _one(net, f"{core.name}")["clk"] == pll["CLKOP"]
 
 
@@ -321,5 +320,6 @@ def test_the_ddr3_top_elaborates_with_dram_board_at_128_bits(tmp_path):
     il = plan.files["top.il"]
     assert f"cell \\{core.name}" in il and il.count("cell \\EHXPLLL") == 1
     assert b.hold_port is True
-    for part in ("port_cdc", "ctrl_cdc", "port_enable_sync", "ready_sync", "linked"):
-        assert f"  cell \\top.{part} \\{part}\n" in il, part
+    for part in ("crossings.port_cdc", "crossings.ctrl_cdc", "crossings.port_enable_sync", "crossings.ready_sync",
+                 "linked"):
+        assert f"  cell \\top.{part} \\{part.split('.')[-1]}\n" in il, part
