@@ -12,6 +12,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hw.boards import ecp5
@@ -323,3 +324,155 @@ def test_the_ddr3_top_elaborates_with_dram_board_at_128_bits(tmp_path):
     for part in ("crossings.port_cdc", "crossings.ctrl_cdc", "crossings.port_enable_sync", "crossings.ready_sync",
                  "linked"):
         assert f"  cell \\top.{part} \\{part.split('.')[-1]}\n" in il, part
+
+
+# ------------------------------------------------------------------------------- the board through the crossings
+
+class CrossedBench:
+    """DRAMBoard (128-bit port, ``hold_port``, the loopback core of tests/hw/test_dram_board.py) in ``core`` (10 ns,
+    as the 100 MHz core clock), wired to :class:`hw.boards.ecp5.Ddr3Crossings` as the DDR3 top wires it, and on
+    the crossings' far side, in ``sync`` (13.3 ns, as the 75 MHz controller clock), the native-port model and the
+    Wishbone register file of the board's own tests, and an ``init_done`` that rises after ``ready_after``
+    controller cycles."""
+
+    def __init__(self, *, ready_after=60, seed=0):
+        from amaranth.hdl import ClockDomain, DomainRenamer, Module
+        from amaranth.lib.wiring import connect
+
+        from tests.hw.test_dram_board import ADDR_WIDTH, WishboneModel, blank_mem, small_board
+        from tests.hw.test_dram_reader import NativePortModel, addr_width_for
+
+        self.board = small_board(128, hold_port=True)
+        self.x = ecp5.Ddr3Crossings(addr_width_for(128, ADDR_WIDTH), 128, from_domain="core", to_domain="sync",
+                                    depth=8)
+        m = Module()
+        m.domains.core = ClockDomain("core")
+        m.domains.sync = ClockDomain("sync")
+        m.submodules.board = DomainRenamer({"sync": "core"})(self.board)
+        m.submodules.x = x = self.x
+        b = self.board
+        connect(m, b.port, x.port)
+        connect(m, b.ctrl, x.ctrl)
+        m.d.comb += [x.port_enable.eq(b.port_enable), b.dram_ready.eq(x.dram_ready), b.dram_error.eq(x.dram_error)]
+        self.top = m
+        self.mem = blank_mem()
+        rng = np.random.default_rng(seed)
+        self.model = NativePortModel(x.dram_port, self.mem, rng, cmd_stall=0.2)
+        self.wb = WishboneModel(x.dram_ctrl, np.random.default_rng(seed + 1))
+        self.ready_after = ready_after
+        self.replies = []
+
+    async def controller_status(self, ctx):
+        ctx.set(self.x.pll_locked, 1)
+        for _ in range(self.ready_after):
+            await ctx.tick()
+        ctx.set(self.x.init_done, 1)
+
+    async def collect(self, ctx):
+        from hw.boards import link_protocol as lp
+
+        ctx.set(self.board.tx.ready, 1)
+        buf = bytearray()
+        while True:
+            _, _, valid, byte = await ctx.tick("core").sample(self.board.tx.valid, self.board.tx.payload)
+            if valid:
+                buf.append(byte)
+                if len(buf) == 1 + lp.REPLY_BYTES[buf[0]]:
+                    self.replies.append((buf[0], bytes(buf[1:])))
+                    buf.clear()
+
+    async def command(self, ctx, data: bytes, rep: int, max_cycles=20_000) -> bytes:
+        rx = self.board.rx
+        for byte in data:
+            ctx.set(rx.payload, byte)
+            ctx.set(rx.valid, 1)
+            await ctx.tick("core").until(rx.ready)
+        ctx.set(rx.valid, 0)
+        for _ in range(max_cycles):
+            if self.replies:
+                head, body = self.replies.pop(0)
+                assert head == rep, (chr(head), chr(rep))
+                return body
+            await ctx.tick("core")
+        raise AssertionError(f"no {chr(rep)!r} reply")
+
+    def run(self, script):
+        from amaranth.sim import Simulator
+
+        sim = Simulator(self.top)
+        sim.add_clock(10e-9, domain="core")
+        sim.add_clock(13.3e-9, domain="sync", phase=4.1e-9)
+        sim.add_testbench(self.model.process, background=True)
+        sim.add_testbench(self.wb.process, background=True)
+        sim.add_testbench(self.controller_status, background=True)
+        sim.add_testbench(self.collect, background=True)
+
+        async def main(ctx):
+            await script(ctx, self)
+
+        sim.add_testbench(main)
+        sim.run()
+
+
+def test_the_board_levels_loads_and_reads_through_the_crossings():
+    """What the host does on the ECPIX-5, in simulation with the two clocks: the control bus is refused (BUSY)
+    until the controller's init_done has crossed; reads and writes of the controller's registers ('K'/'J') reach
+    the register file in the controller's domain and read back; the port stays held (refused, nothing reaches the
+    controller) until the host enables it, which crosses to the controller's side; then a load ('L') and a CRC
+    ('C') go through the port's crossing at 128 bits, and a register that never answers ends in TIMEOUT without
+    stopping the link."""
+    import struct
+    import zlib
+
+    from hw.boards import link_protocol as lp
+    from tests.hw.test_dram_board import cmd_crc, cmd_ctrl_read, cmd_ctrl_write, cmd_get, cmd_load, cmd_put
+
+    bench = CrossedBench()
+    payload = bytes(range(7, 7 + 96))
+
+    async def script(ctx, b):
+        async def ctrl_read(addr):
+            return struct.unpack("<BI", await b.command(ctx, cmd_ctrl_read(addr), lp.REP_CTRL_READ))
+
+        async def ctrl_write(addr, value):
+            return (await b.command(ctx, cmd_ctrl_write(addr, value), lp.REP_CTRL_WRITE))[0]
+
+        async def get(reg):
+            return struct.unpack("<I", await b.command(ctx, cmd_get(reg), lp.REP_BOARD_READ))[0]
+
+        assert (await ctrl_read(0x818))[0] == lp.CtrlStatus.BUSY            # init_done not across yet
+        assert not b.wb.transfers
+        for _ in range(120):
+            await ctx.tick("core")
+        assert await get(lp.BoardReg.STATUS) == lp.BoardStatus.DRAM_READY | lp.BoardStatus.PORT_HELD
+        b.wb.regs[0x818 >> 2] = 0x3
+        assert await ctrl_read(0x818) == (0, 0x3)
+        for addr, value in ((0x800, 1), (0x80C, 0xA5A5A5A5), (0x1000, 0x0E)):
+            assert await ctrl_write(addr, value) == 0
+            assert await ctrl_read(addr) == (0, value)
+        assert b.wb.transfers[-2][:3] == (1, 0x1000 >> 2, 0x0E) and b.wb.transfers[-1][:2] == (0, 0x1000 >> 2)
+        assert len(b.wb.transfers) == 7                                     # each once
+        # held: refused on the board, nothing at the controller
+        assert (await b.command(ctx, cmd_load(0x40, payload), lp.REP_DRAM_WRITE))[0] == lp.DramStatus.NOT_READY
+        assert b.model.reads == 0 and b.model.writes_taken == 0 and ctx.get(b.x.dram_port_enable) == 0
+        assert await b.command(ctx, cmd_put(lp.BoardReg.PORT_ENABLE, 1), lp.REP_BOARD_WRITE) == b""
+        for _ in range(4):
+            await ctx.tick()
+        assert ctx.get(b.x.dram_port_enable) == 1                           # across in the controller's domain
+        assert (await b.command(ctx, cmd_load(0x40, payload), lp.REP_DRAM_WRITE, max_cycles=40_000))[0] == 0
+        # the board's 'l' means the writes are in the port's crossing; the CRC's reads come after them there
+        crc, status = struct.unpack("<IB", await b.command(ctx, cmd_crc(0x40, len(payload)), lp.REP_DRAM_CRC,
+                                                           max_cycles=40_000))
+        assert (crc, status) == (zlib.crc32(payload), 0)
+        assert b.mem.view(np.uint8)[0x40:0x40 + len(payload)].tobytes() == payload
+        assert b.model.reads >= len(payload) // 16 and b.model.writes_taken == len(payload) // 16
+        # a register that never answers: TIMEOUT, withdrawn at the controller too; the next access works
+        b.wb.respond = False
+        assert (await ctrl_read(0x818))[0] == lp.CtrlStatus.TIMEOUT
+        for _ in range(20):
+            await ctx.tick("core")
+        assert b.wb.abandoned >= 1 and not ctx.get(b.x.dram_ctrl.cyc)
+        b.wb.respond = True
+        assert await ctrl_read(0x818) == (0, 0x3)
+
+    bench.run(script)
