@@ -51,7 +51,7 @@ from hw.provenance import git_revision
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "Ddr3Ecp5Top", "LinkedCore", "LinkedDramBoard",
            "pll_config", "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS",
            "DEFAULT_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS", "DDR3_PINS", "Ddr3Crossings",
-           "dram_top_class"]
+           "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -299,6 +299,29 @@ class LinkedCore(Elaboratable):
         m.d.comb += [link.rx.eq(self.rx), self.tx.eq(link.tx), self.irq.eq(self.core.irq),
                      self.overflow.eq(link.overflow)]
         return m
+
+
+#: The FTDI bridges' baud generators (FTDI AN232B-05 "Configuring FT232R, FT2232 and FT232B Baud Rates" and
+#: AN_120 for the H series): the rate is ``base / d``, ``d`` a whole number >= 2 plus eighths, or the special
+#: divisors 0 (``base``) and 1 (``2/3 base``); ``base`` is 3 MHz on the full-speed FT231X, 12 MHz on the
+#: hi-speed FT2232H.
+FTDI_BAUD_BASE = {"FT231X": 3_000_000, "FT2232H": 12_000_000}
+
+
+def ftdi_baud(chip: str, baud: float) -> float:
+    """The rate of ``chip``'s baud generator nearest ``baud`` (:data:`FTDI_BAUD_BASE`), bit/s.
+
+    Raises
+    ------
+    ValueError
+        For a chip not in :data:`FTDI_BAUD_BASE`.
+    """
+    if chip not in FTDI_BAUD_BASE:
+        raise ValueError(f"unknown FTDI bridge {chip!r}; known: {', '.join(FTDI_BAUD_BASE)}")
+    base = FTDI_BAUD_BASE[chip]
+    eighths = max(16, min(8 * 16383 + 7, round(8 * base / baud)))
+    rates = [base, base * 2 / 3] + [8 * base / e for e in (eighths - 1, eighths, eighths + 1) if e >= 16]
+    return min(rates, key=lambda r: abs(r - baud))
 
 
 def _link_clocking(core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float,
@@ -735,7 +758,9 @@ class Ddr3Ecp5Top(Elaboratable):
     freq_hz : float
         The core's clock (``sync``), made by the second PLL (:func:`pll_config`: within 0.1 %).
     baud : int
-        Serial rate; the core clock must be within 1 % of a whole number of cycles per bit (:func:`_link_clocking`).
+        Serial rate; the core clock must be within 1 % of a whole number of cycles per bit (:func:`_link_clocking`),
+        and that rate within 1 % of one the board's bridge makes (:func:`ftdi_baud`). At 100 MHz: 2 Mbaud (the
+        default build) or 4 Mbaud (12 MHz / 3; the fastest both sides make exactly).
     dram_config : path
         The LiteDRAM config (:data:`hw.dram.ECPIX5_CONFIG`): ``memtype`` DDR3.
     dram_core : hw.dram.GeneratedCore, optional
@@ -747,6 +772,8 @@ class Ddr3Ecp5Top(Elaboratable):
         The board's link byte time-out in cycles (its default when None).
     cdc_depth : int
         Entries of each FIFO of the port's crossing (:class:`hw.dram_cdc.NativePortCDC`; default 32).
+    uart : str
+        The board's serial bridge (:data:`FTDI_BAUD_BASE`; default the ECPIX-5's FT2232H).
 
     Attributes
     ----------
@@ -758,17 +785,22 @@ class Ddr3Ecp5Top(Elaboratable):
     Raises
     ------
     ValueError
-        As :class:`Ecp5Top`; on a config that is not DDR3 or whose ``input_clk_freq`` is not ``clk_in_hz``; on a
-        simulation core.
+        As :class:`Ecp5Top`; on a rate the bridge cannot make; on a config that is not DDR3 or whose
+        ``input_clk_freq`` is not ``clk_in_hz``; on a simulation core.
     """
 
     def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int,
                  dram_config: str | os.PathLike = ECPIX5_CONFIG, dram_core=None, board=None,
-                 byte_timeout: int | None = None, cdc_depth: int = 32):
+                 byte_timeout: int | None = None, cdc_depth: int = 32, uart: str = "FT2232H"):
         from hw.dram import load_config
 
         self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
         self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
+        # the board's side of the line: the FT2232H's generator within 1 % of the rate the gateware runs at
+        line = self.freq_hz / self.divisor
+        if abs(ftdi_baud(uart, line) - line) > 0.01 * line:
+            raise ValueError(f"the {uart} makes no rate within 1 % of {line:g} baud ({self.freq_hz / 1e6:g} MHz / "
+                             f"{self.divisor}); nearest {ftdi_baud(uart, line):g}")
         self.dram_config = Path(dram_config)
         cfg = load_config(self.dram_config)
         if str(cfg["memtype"]).upper() != "DDR3":
@@ -1087,7 +1119,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         dram_core = generate_core(info.dram_config)
     if ddr3:
         top = Ddr3Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud,
-                          dram_config=info.dram_config, dram_core=dram_core)
+                          dram_config=info.dram_config, dram_core=dram_core, uart=info.uart)
     elif dram:
         top = DramEcp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud,
                           dram_config=info.dram_config, sdram_phase_deg=sdram_phase_deg, dram_core=dram_core)

@@ -212,6 +212,16 @@ def test_the_top_refuses_what_it_cannot_build():
     # 4 Mbaud: 25 cycles of 100 MHz, and 12 MHz / 3 on the FT2232H
     assert ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=100e6, freq_hz=100e6,
                             baud=4_000_000).divisor == 25
+    # 5 Mbaud: 20 cycles of 100 MHz, but the FT2232H's nearest is 12 MHz / 2.375 = 5.05 Mbaud
+    with pytest.raises(ValueError, match="FT2232H makes no rate within 1 %"):
+        ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_PARAMS, clk_in_hz=100e6, freq_hz=100e6, baud=5_000_000)
+
+
+@pytest.mark.parametrize("chip,baud,made", [("FT2232H", 12e6, 12e6), ("FT2232H", 8e6, 8e6), ("FT2232H", 4e6, 4e6),
+                                            ("FT2232H", 5e6, 12e6 / 2.375), ("FT2232H", 115200, 12e6 / 104.125),
+                                            ("FT231X", 3e6, 3e6), ("FT231X", 2e6, 2e6), ("FT231X", 1e6, 1e6)])
+def test_ftdi_baud_generators(chip, baud, made):
+    assert ecp5.ftdi_baud(chip, baud) == pytest.approx(made)
 
 
 def test_the_generated_pll_is_read_from_the_core(ddr3):
