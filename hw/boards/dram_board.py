@@ -478,8 +478,9 @@ class DRAMBoard(wiring.Component):
         Refusals come first and send nothing to the core: ``NOT_READY`` (the DRAM not initialised or its port
         not enabled), ``NO_IMAGE`` (``IMAGE_VALID`` clear, or an image of
         fewer than 8 bytes or reaching beyond ``DRAM_BYTES``, which the reader could not stream whole; on a port
-        of 64 bits or more also an ``IMAGE_BASE`` that is not a multiple of 8, which the reader would round
-        down; the 16-bit port's reader rounds an odd one down to its word, as it always has),
+        of 32 bits or more also an ``IMAGE_BASE`` that is not a multiple of the reader's granularity
+        (``DRAMImageReader.base_align``: the port word up to the 8-byte beat), which it would round down; the
+        16-bit port's reader rounds an odd one down to its word, as it always has),
         ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
         builder's ``BAD_TOKEN``/``BAD_HIDDEN`` (``EMBED_HIDDEN`` above ``max_hidden`` reaches the builder as
         0). A read that times out mid-token ends it with ``READ_TIMEOUT`` (the core waits for the rest of
@@ -523,7 +524,7 @@ class DRAMBoard(wiring.Component):
             with m.State("CHECK"):
                 no_image = (~regs.image_valid | (regs.image_bytes[3:] == 0)
                             | ((regs.image_base + regs.image_bytes) > self.dram_bytes))
-                if reader.base_align > 2:   # the reader would ignore IMAGE_BASE's bits below its beat
+                if reader.base_align > 2:   # the reader would ignore IMAGE_BASE's bits below its granularity
                     no_image = no_image | (regs.image_base[:ceil_log2(reader.base_align)] != 0)
                 with m.If(~u.usable):
                     m.d.sync += status.eq(TokenStatus.NOT_READY)
