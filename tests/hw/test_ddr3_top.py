@@ -7,6 +7,7 @@ DDR3 pins, the crossings; the build's report with the toolchain stubbed; the ULX
 the top with the real DRAMBoard at 128 bits (elaborated only)."""
 
 import json
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -486,3 +487,44 @@ def test_the_board_levels_loads_and_reads_through_the_crossings():
         assert await ctrl_read(0x818) == (0, 0x3)
 
     bench.run(script)
+
+
+#: the cells the synthesis below counts: logic, memory, the DDR3 core's IO logic and clocking
+SYNTH_CELLS = ("LUT4", "TRELLIS_FF", "CCU2C", "DP16KD", "TRELLIS_DPR16X4", "MULT18X18D", "IDDRX2DQA", "ODDRX2DQA",
+               "ODDRX2DQSB", "TSHX2DQA", "TSHX2DQSA", "ODDRX2F", "DELAYG", "DELAYF", "DQSBUFM", "EHXPLLL", "ECLKSYNCB",
+               "CLKDIVF", "DDRDLLA", "TRELLIS_IO")
+
+
+def synth_counts(stat: str) -> dict:
+    """Cell counts from Yosys's ``stat`` text (either column order)."""
+    counts = {}
+    for cell in SYNTH_CELLS:
+        found = re.search(rf"^\s*(\d+)\s+{cell}\s*$", stat, re.M) or re.search(rf"^\s*{cell}\s+(\d+)\s*$", stat,
+                                                                                  re.M)
+        counts[cell] = int(found.group(1)) if found else 0
+    return counts
+
+
+def test_the_whole_ddr3_top_synthesises(tmp_path):
+    """Yosys synth_ecp5 of the whole DDR3 top with DRAMBoard (32 lanes, the shipped model's buffers) and the generated
+    core, no place and route; prints the cell counts. Opt-in: ``MMFREE_DDR3_TOP_SYNTH=1``, under
+    ``flock /tmp/heavy.lock`` (minutes)."""
+    import os
+
+    if os.environ.get("MMFREE_DDR3_TOP_SYNTH") != "1":
+        pytest.skip("opt-in: MMFREE_DDR3_TOP_SYNTH=1 (a Yosys run of minutes)")
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+
+    from hw.dram import ECPIX5_CONFIG, generate_core
+
+    core = generate_core(ECPIX5_CONFIG)
+    top = ecp5.Ddr3Ecp5Top(core_params=ecp5.DEFAULT_BUILD.replace(quant_lanes=4), clk_in_hz=100e6, freq_hz=100e6,
+                           baud=2_000_000, dram_core=core)
+    plan = ECPIX585Platform().build(top, name="top", build_dir=str(tmp_path), do_build=False)
+    plan.extract(str(tmp_path))
+    subprocess.run([_yosys(), "-q", "-l", "synth.log", "-p", f"read_verilog {core.name}.v; read_rtlil top.il; "
+                    "synth_ecp5 -top top; tee -q -o stat.txt stat"], cwd=tmp_path, check=True, capture_output=True)
+    counts = synth_counts((tmp_path / "stat.txt").read_text())
+    print("SYNTH", " ".join(f"{k}={v}" for k, v in counts.items()))
+    assert counts["EHXPLLL"] == 2 and counts["DQSBUFM"] == 2 and counts["DDRDLLA"] == 1 and counts["CLKDIVF"] == 1
+    assert counts["LUT4"] > 10_000 and counts["DP16KD"] > 0
