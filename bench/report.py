@@ -68,6 +68,7 @@ INPUTS = {
     "golden": ("bench/results/golden.json", "python -m bench.bench_golden"),
     "board_ulx3s_dram": ("bench/results/board_ulx3s_dram.json",
                          "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_dram.py -k shipped_model"),
+    "bram": ("bench/results/bram_370m.json", "python -m bench.bench_bram"),
 }
 
 # Published anchors (numbers are theirs, not ours), with the caveats that keep them comparable.
@@ -331,6 +332,48 @@ def boards_section(data: dict) -> str:
                           "ESTIMATE (Yosys, no timing)"])
         out.append(table(["component/config/target", "status", "LUTs", "FFs", "carry", "BRAM", "DSP", "status"],
                          srows))
+    return "\n".join(out)
+
+
+def bram_section(data: dict) -> str:
+    """The ECPIX-5 core's block RAM per buffer at each point of ``bench/results/bram_370m.json`` (DP16KD, LUT-RAM
+    cells beside), the check against the committed build's nextpnr count, and the state-in-DRAM variants."""
+    d = data.get("bram")
+    if d is None:
+        return missing("bram")
+    points = d["points"]
+    names = list(points)
+    order: list[str] = []
+    for n in names:
+        order += [b["buffer"] for b in points[n]["buffers"] if b["buffer"] not in order]
+    rows = []
+    for buf in order:
+        row = [buf]
+        for n in names:
+            b = next((b for b in points[n]["buffers"] if b["buffer"] == buf), None)
+            cell = "—" if b is None else fmt(b["dp16kd"])
+            if b is not None and b.get("lutram_cells"):
+                cell += f" (+{b['lutram_cells']} LUT-RAM)"
+            row.append(cell)
+        rows.append(row)
+    part = points[names[0]]["part_dp16kd"]
+    rows.append([f"**total** (of {part})"] + [f"**{points[n]['total_dp16kd']}**" for n in names])
+    head = ["buffer"]
+    for n in names:
+        pr = points[n].get("params", {})
+        head.append(f"{n} ({pr.get('max_hidden', '?')}/{pr.get('max_intermediate', '?')}/{pr.get('max_layers', '?')})")
+    out = [table(head, rows), ""]
+    for n in names:
+        c = points[n].get("check")
+        if c:
+            out.append(f"- `{n}` against the committed bitstream's nextpnr count: {c['nextpnr_dp16kd']} DP16KD, "
+                       f"{'agrees' if c.get('agrees') else 'DIFFERS'}.")
+        v = d.get(f"{n}_state_in_dram")
+        if v:
+            out.append(f"- `{n}` with the recurrent state in DRAM and a cache of {v['cache_dp16kd']} DP16KD for the "
+                       f"layer in flight: {v['total_dp16kd']} of {v['part_dp16kd']} DP16KD (frees "
+                       f"{v['frees_dp16kd']}; {v['label']}).")
+    out.append(f"- Status: {d.get('label', '—')}; revision {rev(d)}.")
     return "\n".join(out)
 
 
@@ -865,6 +908,8 @@ def render(data: dict, figures: list[str] | None = None) -> str:
     s.append(fig("stream_efficiency_shipped.png", "stream efficiency per build, model and RTL"))
     s.append("\n## Fmax and resources per board\n")
     s.append(boards_section(data) + "\n")
+    s.append("#### Block RAM per buffer, ECPIX-5 core (`bench/results/bram_370m.json`; synthesized, not placed)\n")
+    s.append(bram_section(data) + "\n")
     s.append("## Projected decode rate and energy per board (370M, 1.6-bit)\n")
     s.append(projection_section(data, proj))
     s.append(fig("tokens_per_s_370m.png", "decode tokens/s at 370M: projected, measured, published"))
