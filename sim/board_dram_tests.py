@@ -674,6 +674,18 @@ async def tiny_model_load_once(dut):
         dev, res["second"] = await host_call(link, second)
         assert not l_commands(link.commands), f"the second session wrote DRAM: {l_commands(link.commands)}"
 
+        # the controller's control bus over the link (link version 3): the power-up flag, and a write read back
+        csr = p["csr"]
+
+        def control_bus():
+            assert dev.link_version >= 3, f"link version {dev.link_version}"
+            done = dev.ctrl_read(csr["ddrctrl_init_done"])
+            dev.ctrl_write(csr["sdram_dfii_pi0_address"], 0x1A5C)
+            return {"init_done": done, "written": 0x1A5C, "read_back": dev.ctrl_read(csr["sdram_dfii_pi0_address"])}
+
+        res["csr"] = await host_call(link, control_bus)
+        assert res["csr"]["read_back"] == 0x1A5C and res["csr"]["init_done"] == 1, res["csr"]
+
         # the back door against the board's own CRC: 4 KiB across a row boundary (every bank), then 2 bytes
         rng = np.random.default_rng(5)
         addr = (1 << 24) - 2048

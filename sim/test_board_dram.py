@@ -26,7 +26,8 @@ Which case uses which path:
                            before any image, the tiny model loaded through ``'L'``, two tokens
 ``tiny_model_load_once``   byte port: the tiny model loaded (load-once, CRC compare), tokens in logits and
                            argmax mode bit-exact with the golden device, a second connect skips the load, the
-                           back door checked against ``'C'``
+                           back door checked against ``'C'``, the controller's CSRs read and written over the
+                           link (``'K'``/``'J'``, link version 3)
 ``faults``                 byte port: a corrupted image word (back door) -> the core's weight CRC ->
                            ``CoreError``, reload, next token right; a link dropped mid-load, restart rewrites
                            only the missing blocks; a token before any image
@@ -191,6 +192,7 @@ def sim_top():
             select = LinkSelect()
             m.submodules.linked = linked = LinkedDramBoard(select, divisor=SIM_DIVISOR)
             wiring.connect(m, board.port, ctl.port)
+            wiring.connect(m, board.ctrl, ctl.ctrl)     # link version 3, as DramEcp5Top
             wiring.connect(m, select.board_rx, board.rx)
             wiring.connect(m, board.tx, select.board_tx)
             m.submodules.bp_rx_fifo = rx_fifo = fifo.SyncFIFOBuffered(width=8, depth=4)
@@ -204,7 +206,8 @@ def sim_top():
                 linked.rx.eq(self.uart_rx), self.uart_tx.eq(linked.tx), select.uart_sel.eq(self.uart_sel),
                 board.rx_overflow.eq(select.board_rx_overflow), board.framing.eq(select.board_framing),
                 board.dram_ready.eq(ctl.init_done), board.dram_error.eq(ctl.init_error),
-                self.init_done.eq(ctl.init_done), self.init_error.eq(ctl.init_error), self.irq.eq(board.irq),
+                ctl.port_enable.eq(board.port_enable), self.init_done.eq(ctl.init_done),
+                self.init_error.eq(ctl.init_error), self.irq.eq(board.irq),
                 self.overflow.eq(linked.overflow), self.monitor.eq(ctl.monitor),
             ]
             return m
@@ -291,7 +294,7 @@ def run_case(built, testcase: str, **params) -> dict:
     result, log = run_dir / "result.json", run_dir / "sim.log"
     params = {"clock_ns": point["clock_ns"], "clock_hz": point["clock_hz"], "divisor": SIM_DIVISOR,
               "byte_timeout": SIM_BYTE_TIMEOUT, "backdoor_files": BACKDOOR_FILES, "build": point["build"].gateware(),
-              "geom": geometry(), **TINY_SHAPES, **params}
+              "geom": geometry(), "csr": {k: core.csr[k] for k in CSR_CHECKED}, **TINY_SHAPES, **params}
     extra = {"MMFREE_BOARD_RESULT": str(result), "MMFREE_BOARD_PARAMS": json.dumps(params),
              "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "INFO")}
     t0 = time.perf_counter()
@@ -322,6 +325,9 @@ TINY_SHAPES = {"uart_shape": (7, 11, 1, 13), "tiny_shape": (20, 28, 2, 61), "fau
 #: link's generation mode: each next token is the previous one's argmax)
 SHIPPED_TOKENS = {"shipped_logits_tokens": 2, "shipped_greedy_tokens": 3}
 MODEL = ROOT / "models" / "hgrn-bit-pydoc"
+#: the controller's CSRs the byte-port case reads and writes over the link (``'K'``/``'J'``): the power-up flag,
+#: and a read-write register of the DFI injector that issues nothing when written
+CSR_CHECKED = ("ddrctrl_init_done", "sdram_dfii_pi0_address")
 
 
 @functools.cache
@@ -357,6 +363,7 @@ def test_tiny_model_load_once(built):
     _no_violation(r)
     assert not r["first"]["load"]["skipped"] and r["second"]["load"]["skipped"]
     assert len(r["first"]["tokens"]) == 6 and len(r["second"]["tokens"]) == 3
+    assert r["csr"] == {"init_done": 1, "written": 0x1A5C, "read_back": 0x1A5C}, r["csr"]
 
 
 def test_faults(built):
