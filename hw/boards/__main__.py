@@ -3,8 +3,9 @@
 ECP5 boards (:data:`hw.boards.ecp5.BOARDS`) build here with the open toolchain; Xilinx boards
 (``hw.boards.xilinx.BOARDS``) are handed to ``hw.boards.xilinx.build``. ``--sweep`` builds the ECP5
 configurations given by ``--lanes``/``--freq-mhz`` (comma lists) and records them all. ``--dram``/``--no-dram``
-choose the ECP5 top (``hw.boards.ecp5.DramEcp5Top``, the model in the board's SDRAM, or ``Ecp5Top``, the stream
-link); the default is the board's chosen build (``hw.boards.ecp5.CHOSEN``: the DRAM top on the ULX3S 85F).
+choose the ECP5 top (``hw.boards.ecp5.DramEcp5Top`` or ``Ddr3Ecp5Top``, the model in the board's SDRAM or DDR3,
+or ``Ecp5Top``, the stream link); the default is the board's chosen build (``hw.boards.ecp5.CHOSEN``: the DRAM
+top on the ULX3S 85F).
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipelined-epilogue", action="store_true",
                     help="ECP5: the pipelined epilogue (an element a cycle, 8x its stages) instead of the folded one")
     ap.add_argument("--dram", action=argparse.BooleanOptionalAction, default=None,
-                    help="ECP5: the DRAM top (the model in the board's SDRAM, tokens over the link; boards with a "
-                         "LiteDRAM config) or, with --no-dram, the stream top (default: the board's chosen build)")
+                    help="ECP5: the DRAM top (the model in the board's SDRAM or DDR3, tokens over the link; boards "
+                         "with a LiteDRAM config) or, with --no-dram, the stream top (default: the chosen build)")
     ap.add_argument("--sdram-phase", type=float, default=None, metavar="DEG",
                     help="ECP5 DRAM top: phase of the SDRAM clock against the controller clock, degrees "
                          "(default: hw.boards.ecp5.SDRAM_CLK_PHASE_DEG)")
