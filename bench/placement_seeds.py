@@ -38,7 +38,8 @@ _KEEP = ("board", "git_revision", "seed", "placer", "target_mhz", "build_seconds
 
 
 def run_record(report: dict) -> dict:
-    """One placement-only build's record: what was built (:data:`_KEEP`) and its core clock's estimate.
+    """One placement-only build's record: what was built (:data:`_KEEP`) and its core clock's estimate (the clock
+    whose ``role`` is ``core``, or the only clock of a report that names no roles).
 
     Raises
     ------
@@ -47,7 +48,9 @@ def run_record(report: dict) -> dict:
     """
     if report.get("status") != "placed":
         raise ValueError(f"not a placement-only build (status {report.get('status')!r})")
-    core = [c for c in report.get("clocks", {}).values() if c.get("role") == "core" and "placed_mhz" in c]
+    clocks = list(report.get("clocks", {}).values())
+    # reports before clock roles were recorded have one clock, the core's
+    core = [c for c in clocks if c.get("role", "core" if len(clocks) == 1 else None) == "core" and "placed_mhz" in c]
     if len(core) != 1:
         raise ValueError("the report has no single core clock with a placement estimate")
     missing = [k for k in _KEEP if k not in report]

@@ -30,6 +30,10 @@ def test_refuses_what_is_not_comparable():
         run_record(_report(1, 70.0, status="built"))
     with pytest.raises(ValueError, match="single core clock"):
         run_record(_report(1, 70.0, clocks={}))
+    # an older report without roles: its only clock is the core's; two clocks without roles are ambiguous
+    assert run_record(_report(1, 70.0, clocks={"clk": {"placed_mhz": 70.0}}))["placed_mhz"] == 70.0
+    with pytest.raises(ValueError, match="single core clock"):
+        run_record(_report(1, 70.0, clocks={"a": {"placed_mhz": 70.0}, "b": {"placed_mhz": 90.0}}))
     with pytest.raises(ValueError, match="seed repeated"):
         summarise({"a": [run_record(_report(1, 70.0)), run_record(_report(1, 71.0))]})
     with pytest.raises(ValueError, match="placer"):
