@@ -691,6 +691,30 @@ def sim_settings(path: str | os.PathLike = ULX3S_CONFIG) -> dict:
             "model_words": sum(m.depth for m in mems), "model_width": mems[0].width if mems else None}
 
 
+def settings_record(settings: Mapping) -> dict:
+    """The DRAM facts a benchmark records (JSON-ready): the LiteDRAM/LiteX/Migen versions, the controller clock,
+    the PHY's settings, the module class, the geometry, the timings in controller cycles and the controller's
+    options.
+
+    Parameters
+    ----------
+    settings : mapping
+        :func:`hardware_settings` or :func:`sim_settings` of a config.
+    """
+    phy, t, geom, ctl = settings["phy"], settings["timing"], settings["geom"], settings["controller"]
+    return {
+        "versions": _versions(),
+        "controller_clock_hz": settings["sys_clk_freq"],
+        "phy": {k: getattr(phy, k) for k in ("phytype", "memtype", "databits", "nphases", "cl", "read_latency",
+                                              "write_latency")},
+        "module": type(settings["module"]).__name__,
+        "geometry": {"banks": 2 ** geom.bankbits, "rows": 2 ** geom.rowbits, "columns": 2 ** geom.colbits},
+        "timing_cycles": {k: getattr(t, k) for k in ("tRP", "tRCD", "tWR", "tWTR", "tREFI", "tRFC", "tRAS", "tRC",
+                                                     "tCCD", "tRRD")},
+        "controller": {"cmd_buffer_depth": ctl.cmd_buffer_depth, "address_mapping": ctl.address_mapping},
+    }
+
+
 def generate_sim_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str | None = None,
                       build_root: str | os.PathLike | None = None) -> GeneratedCore:
     """The simulation core of config ``path`` (module docstring), converted to Verilog (cached).

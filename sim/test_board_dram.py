@@ -458,7 +458,6 @@ def record(bench: dict, r: dict, built, load0) -> Path:
 
     _, core, point, _ = built
     s = dram.sim_settings()
-    phy, t, geom, ctl = s["phy"], s["timing"], s["geom"], s["controller"]
     lay = r["layout"]
     eff, tps = bench["dram_read_efficiency"], bench["tokens_per_s"]
     report = {
@@ -475,16 +474,8 @@ def record(bench: dict, r: dict, built, load0) -> Path:
                   "bitstream_pll": point["pll"],
                   "source": "hw.boards.ecp5.CHOSEN and DramEcp5Top: the EHXPLLL's CLKOP, core and controller"},
         "config": str(dram.ULX3S_CONFIG.relative_to(ROOT)),
-        "versions": dram._versions(),
         "sim_core": core.directory.name,
-        "controller_clock_hz": s["sys_clk_freq"],
-        "phy": {k: getattr(phy, k) for k in ("phytype", "memtype", "databits", "nphases", "cl", "read_latency",
-                                              "write_latency")},
-        "module": type(s["module"]).__name__,
-        "geometry": {"banks": 2 ** geom.bankbits, "rows": 2 ** geom.rowbits, "columns": 2 ** geom.colbits},
-        "timing_cycles": {k: getattr(t, k) for k in ("tRP", "tRCD", "tWR", "tWTR", "tREFI", "tRFC", "tRAS", "tRC",
-                                                     "tCCD", "tRRD")},
-        "controller": {"cmd_buffer_depth": ctl.cmd_buffer_depth, "address_mapping": ctl.address_mapping},
+        **dram.settings_record(s),
         "timing_checker": s["timing_checker"],
         "timing_violations": len(_violations(r["log"])),
         "link": {"baud": point["baud"], "bitstream_divisor": point["divisor"], "simulated": "byte port beneath the "

@@ -225,7 +225,6 @@ def _record(r: dict, params: dict, hw: dict, core) -> None:
     sys.path.insert(0, str(ROOT))
     from bench._common import RESULTS, provenance, write_json
 
-    phy, t, geom = hw["phy"], hw["timing"], hw["geom"]
     full = r["read_full_rate"]
     eff = full["bytes"] / full["cycles"] / (core.data_width // 8)
     report = {
@@ -233,17 +232,8 @@ def _record(r: dict, params: dict, hw: dict, core) -> None:
         "source": "cocotb + Verilator simulation (simulated cycles, not a board measurement)",
         "test": "sim/test_dram.py::test_round_trip_and_efficiency",
         "config": "hw/boards/litedram/ulx3s.yml",
-        "versions": dram._versions(),
         "sim_core": core.directory.name,
-        "controller_clock_hz": hw["sys_clk_freq"],
-        "phy": {k: getattr(phy, k) for k in ("phytype", "memtype", "databits", "nphases", "cl", "read_latency",
-                                              "write_latency")},
-        "module": type(hw["module"]).__name__,
-        "geometry": {"banks": 2 ** geom.bankbits, "rows": 2 ** geom.rowbits, "columns": 2 ** geom.colbits},
-        "timing_cycles": {k: getattr(t, k) for k in ("tRP", "tRCD", "tWR", "tWTR", "tREFI", "tRFC", "tRAS", "tRC",
-                                                     "tCCD", "tRRD")},
-        "controller": {"cmd_buffer_depth": hw["controller"].cmd_buffer_depth,
-                       "address_mapping": hw["controller"].address_mapping},
+        **dram.settings_record(hw),
         "reader": {"beat_bits": 64, "reservations": 64},
         "pattern": params,
         "init_cycles": r["init_cycles"],

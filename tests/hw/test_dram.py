@@ -574,3 +574,18 @@ def test_ddr3_hardware_core_synthesises(ecpix5_cores, tmp_path):
     print(stat[-3000:])
     assert counts["EHXPLLL"] == 1 and counts["DQSBUFM"] == 2 and counts["DDRDLLA"] == 1
     assert counts["LUT4"] > 500 and counts["TRELLIS_FF"] > 500
+
+
+@needs_litedram
+def test_settings_record_is_json_and_follows_the_settings():
+    """``settings_record``: what the DRAM benchmarks record, JSON-ready, from the settings it is given."""
+    import json
+
+    hw = dram.hardware_settings()
+    rec = json.loads(json.dumps(dram.settings_record(hw)))
+    t = hw["timing"]
+    assert rec["timing_cycles"]["tRFC"] == t.tRFC and rec["timing_cycles"]["tREFI"] == t.tREFI
+    assert rec["module"] == type(hw["module"]).__name__ and rec["phy"]["phytype"] == hw["phy"].phytype
+    g = hw["geom"]
+    assert rec["geometry"] == {"banks": 2 ** g.bankbits, "rows": 2 ** g.rowbits, "columns": 2 ** g.colbits}
+    assert rec["controller_clock_hz"] == hw["sys_clk_freq"] and set(rec["versions"]) == set(dram.LITEDRAM_PACKAGES)
