@@ -325,14 +325,17 @@ def ftdi_baud(chip: str, baud: float) -> float:
 
 
 def _link_clocking(core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float,
-                   baud: int) -> tuple[BuildParams, dict, int]:
-    """The checks and settings both tops share: the core's build (one 64-bit channel), the PLL
-    (:func:`pll_config`) and the UART divisor (clock cycles per bit, the clock within 1 % of ``divisor x baud``).
+                   baud: int, uart: str | None = None) -> tuple[BuildParams, dict, int]:
+    """The checks and settings every top shares: the core's build (one 64-bit channel), the PLL
+    (:func:`pll_config`) and the UART divisor (clock cycles per bit, the clock within 1 % of ``divisor x baud``);
+    with ``uart`` (a key of :data:`FTDI_BAUD_BASE`), also the board's side of the line: the bridge's baud
+    generator within 1 % of the rate the gateware runs at.
 
     Raises
     ------
     ValueError
-        On a core with more than one channel or another bus width, or a baud rate the clock cannot divide.
+        On a core with more than one channel or another bus width, a baud rate the clock cannot divide, or one
+        the bridge cannot make.
     """
     p = BuildParams.from_mapping(core_params)
     if p.channels != 1 or p.bus_bits != 64:
@@ -341,6 +344,10 @@ def _link_clocking(core_params: BuildParams | dict, clk_in_hz: float, freq_hz: f
     divisor = round(pll["f_out"] / baud)
     if divisor < 4 or abs(pll["f_out"] / divisor - baud) > 0.01 * baud:
         raise ValueError(f"{pll['f_out'] / 1e6:g} MHz cannot make {baud} baud within 1 %")
+    line = pll["f_out"] / divisor
+    if uart is not None and abs(ftdi_baud(uart, line) - line) > 0.01 * line:
+        raise ValueError(f"the {uart} makes no rate within 1 % of {line:g} baud ({pll['f_out'] / 1e6:g} MHz / "
+                         f"{divisor}); nearest {ftdi_baud(uart, line):g}")
     return p, pll, divisor
 
 
@@ -366,6 +373,9 @@ class Ecp5Top(Elaboratable):
         Core clock (``sync`` domain) the PLL makes.
     baud : int
         Serial rate; ``freq_hz / baud`` must be an integer within 1 % (checked).
+    uart : str, optional
+        The board's USB bridge (a key of :data:`FTDI_BAUD_BASE`): its baud generator must make the line's rate
+        within 1 % (checked; ``build`` passes the board's).
 
     Raises
     ------
@@ -373,8 +383,9 @@ class Ecp5Top(Elaboratable):
         On a core with more than one channel or another bus width, or a baud rate the clock cannot divide.
     """
 
-    def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int):
-        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
+    def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int,
+                 uart: str | None = None):
+        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud, uart)
         self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
 
     def elaborate(self, platform):
@@ -485,6 +496,8 @@ class DramEcp5Top(Elaboratable):
         computed for it).
     baud : int
         Serial rate; ``freq_hz / baud`` must be an integer within 1 %.
+    uart : str, optional
+        As :class:`Ecp5Top`.
     dram_config : path
         The LiteDRAM config (:data:`hw.dram.ULX3S_CONFIG`).
     sdram_phase_deg : float
@@ -506,10 +519,10 @@ class DramEcp5Top(Elaboratable):
 
     def __init__(self, *, core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float, baud: int,
                  dram_config: str | os.PathLike = ULX3S_CONFIG, sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG,
-                 dram_core=None, board=None, byte_timeout: int | None = None):
+                 dram_core=None, board=None, byte_timeout: int | None = None, uart: str | None = None):
         from hw.dram import load_config
 
-        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
+        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud, uart)
         self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
         self.dram_config = Path(dram_config)
         sys_clk = float(load_config(self.dram_config)["sys_clk_freq"])
@@ -794,13 +807,8 @@ class Ddr3Ecp5Top(Elaboratable):
                  byte_timeout: int | None = None, cdc_depth: int = 32, uart: str = "FT2232H"):
         from hw.dram import load_config
 
-        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud)
+        self.build, self.pll, self.divisor = _link_clocking(core_params, clk_in_hz, freq_hz, baud, uart)
         self.clk_in_hz, self.freq_hz, self.baud = clk_in_hz, self.pll["f_out"], baud
-        # the board's side of the line: the FT2232H's generator within 1 % of the rate the gateware runs at
-        line = self.freq_hz / self.divisor
-        if abs(ftdi_baud(uart, line) - line) > 0.01 * line:
-            raise ValueError(f"the {uart} makes no rate within 1 % of {line:g} baud ({self.freq_hz / 1e6:g} MHz / "
-                             f"{self.divisor}); nearest {ftdi_baud(uart, line):g}")
         self.dram_config = Path(dram_config)
         cfg = load_config(self.dram_config)
         if str(cfg["memtype"]).upper() != "DDR3":
@@ -1122,9 +1130,10 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
                           dram_config=info.dram_config, dram_core=dram_core, uart=info.uart)
     elif dram:
         top = DramEcp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud,
-                          dram_config=info.dram_config, sdram_phase_deg=sdram_phase_deg, dram_core=dram_core)
+                          dram_config=info.dram_config, sdram_phase_deg=sdram_phase_deg, dram_core=dram_core,
+                          uart=info.uart)
     else:
-        top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud)
+        top = Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=freq_mhz * 1e6, baud=baud, uart=info.uart)
     # nextpnr always finishes (--timing-allow-fail): timing_met is decided here from its report, and only a
     # build that met timing is copied to out_dir
     opts = f"--report nextpnr_report.json --seed {seed} --placer {placer} --router {router} --timing-allow-fail" + (
