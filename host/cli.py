@@ -437,17 +437,24 @@ def _cmd_board(args: argparse.Namespace) -> int:
         _check_file(image, "bundle")
     if args.board_command == "memtest" and (args.bytes <= 0 or args.bytes % 8):
         raise ValueError(f"--bytes must be a positive multiple of 8, got {args.bytes}")
-    csr = None
+    regs = None
     if args.board_command == "level":
+        # the CSR map is read before the board is opened: a missing or malformed map fails without touching it
+        from host.leveling import load_csr_map
+
         csr = args.csr if args.csr is not None else os.environ.get("MMFREE_ECP5_CSR") or None
-        if csr is not None:
-            _check_file(Path(csr), "CSR map")
+        if not csr:
+            raise ValueError("mmfree board level needs the CSR map of the bitstream's LiteDRAM core: --csr FILE "
+                             "(the bitstream's report.json, which carries it as litedram.csr_registers, or the "
+                             "generated core's csr.json) or MMFREE_ECP5_CSR")
+        _check_file(Path(csr), "CSR map")
+        regs = load_csr_map(csr)
     progress = args.progress if args.progress is not None else _stderr_is_tty()
     with Ecp5Device(port=args.port, baud=args.baud, timeout=args.timeout, reload=getattr(args, "force", False),
                     progress=progress) as dev:
         dev.connect()
         if args.board_command == "level":
-            return _board_level(dev, csr)
+            return _board_level(dev, regs)
         return {"info": _board_info, "status": _board_status, "load": _board_load,
                 "memtest": _board_memtest}[args.board_command](dev, args)
 
@@ -562,17 +569,13 @@ def _board_memtest(dev: Any, args: argparse.Namespace) -> int:
     return 1 if r.bad_blocks else 0
 
 
-def _board_level(dev: Any, csr: str | None) -> int:
-    """``mmfree board level``: the host's read leveling of a DDR3 board (host/leveling.py), its report, and the
-    DRAM port enabled; exit status 1 when a lane has no working setting (the port then stays held)."""
-    from host.leveling import LevelingError, load_csr_map
+def _board_level(dev: Any, regs: dict) -> int:
+    """``mmfree board level``: the host's read leveling of a DDR3 board (host/leveling.py) with the CSR map
+    ``regs`` (:func:`host.leveling.load_csr_map`), its report, and the DRAM port enabled; exit status 1 when a
+    lane has no working setting (the port then stays held)."""
+    from host.leveling import LevelingError
 
     dev.transport.require_ctrl("read leveling")
-    if csr is None:
-        raise ValueError("mmfree board level needs the CSR map of the bitstream's LiteDRAM core: --csr FILE (its "
-                         "csr.json, shipped next to the bitstream, or the bitstream's report.json when it carries "
-                         "litedram.csr_registers) or MMFREE_ECP5_CSR")
-    regs = load_csr_map(csr)
     try:
         result = dev.level(regs)
     except LevelingError as exc:

@@ -610,6 +610,18 @@ def test_cli_board_level_refuses_a_map_without_the_phy(tmp_path, on_port):
     assert board.ops["J"] == board.ops["K"] == 0 and (BoardReg.PORT_ENABLE, 0) not in board.board_writes
 
 
+def test_cli_board_level_reads_the_map_before_opening_the_board(tmp_path, monkeypatch):
+    """A malformed CSR map, or none, fails before any port is opened (no board attached here: the port named is
+    absent, so an error about it would mean the board was opened first)."""
+    monkeypatch.setenv("MMFREE_ECP5_PORT", str(tmp_path / "ttyNOPE"))
+    monkeypatch.delenv("MMFREE_ECP5_CSR", raising=False)
+    (tmp_path / "bad.json").write_text("{not json")
+    rc, out, err = _cli(["board", "level", "--csr", str(tmp_path / "bad.json")])
+    assert rc == 2 and "CSR map" in err and "ttyNOPE" not in err, err
+    rc, out, err = _cli(["board", "level"])
+    assert rc == 2 and "needs the CSR map" in err and "ttyNOPE" not in err, err
+
+
 def test_a_version_2_board_cannot_level_and_still_runs_tokens(bundle_path, on_port, csr_json):
     board = on_port(FakeEcp5Board(link_version=2))
     rc, out, err = _cli(["board", "level", "--csr", str(csr_json)])
