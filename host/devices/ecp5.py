@@ -154,7 +154,8 @@ def open_port(port_name: str, baud: int, timeout: float) -> Any:
         port = serial.Serial(port_name, baud, timeout=timeout)
     except (OSError, serial.SerialException) as exc:
         raise DeviceError(f"device 'ecp5': cannot open {port_name} at {baud} baud: {exc} "
-                          f"(set MMFREE_ECP5_PORT to the serial port)") from exc
+                          f"(name the board's serial port with --port or MMFREE_ECP5_PORT; on an ECPIX-5 the UART "
+                          f"is the FT2232H's second interface, e.g. /dev/ttyUSB1)") from exc
     set_ftdi_latency(port_name)
     return port
 
@@ -230,8 +231,10 @@ class UartLink:
                 buf += got
             elif time.monotonic() >= deadline:
                 raise LinkTimeout(f"ECP5 link: no {what} within {wait:g} s ({len(buf)} of {n} bytes): is the "
-                                  f"board connected, powered and loaded with the bitstream, and is the port's rate "
-                                  f"the bitstream's (its report.json 'baud'; MMFREE_ECP5_BAUD)?")
+                                  f"board connected, powered and loaded with the bitstream, is this its UART (on an "
+                                  f"ECPIX-5 the FT2232H's second interface, e.g. /dev/ttyUSB1, not the JTAG one), "
+                                  f"and is the port's rate the bitstream's (its report.json 'baud'; "
+                                  f"MMFREE_ECP5_BAUD)?")
         return buf
 
     def _frame(self, want: str, timeout: float | None = None) -> tuple[int, bytes]:
