@@ -314,6 +314,10 @@ def test_dispatcher_builds_the_dram_top_by_default_on_the_ulx3s(monkeypatch, cap
     with pytest.raises(SystemExit):
         dispatcher.main(["ulx3s-85f", "--no-dram", "--sdram-phase", "90"])
     assert "--sdram-phase applies to the DRAM top" in capsys.readouterr().err
+    # any explicit phase on a DDR3 board, its default value included, is refused before a build starts
+    with pytest.raises(SystemExit):
+        dispatcher.main(["ecpix5-85f", "--dram", "--sdram-phase", "90"])
+    assert "DDR3 core makes its own clocks" in capsys.readouterr().err
 
 
 def test_dispatcher_reports_a_dram_request_on_a_board_without_dram(capsys, monkeypatch):

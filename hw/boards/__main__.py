@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         dram = chosen.get("dram", False) if args.dram is None else args.dram
         if args.sdram_phase is not None and not dram:
             ap.error("--sdram-phase applies to the DRAM top (--dram)")
+        if args.sdram_phase is not None and ecp5.BOARDS[args.board].dram_config is not None \
+                and ecp5.dram_top_class(args.board) is ecp5.Ddr3Ecp5Top:
+            ap.error(f"--sdram-phase applies to an SDR board's DRAM top; {args.board}'s DDR3 core makes its own clocks")
         extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
         if args.pipelined_epilogue:
             extra["epilogue_folded"] = False
