@@ -188,20 +188,9 @@ class DRAMImageReader(wiring.Component):
                 busy.eq(beats != 0),
             ]
 
-        # commands: one read per word while a reservation is free
-        cmd = self.port.cmd
-        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0)),
-                     cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
-        issued = cmd.valid & cmd.ready
-        with m.If(issued):
-            m.d.sync += [addr.eq(addr + 1), to_issue.eq(to_issue - 1)]
-
-        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here)
-        rdata = self.port.rdata
-        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & ~stopped)]
-        popped = fifo.r_en & fifo.r_rdy
-        m.d.sync += credits.eq(credits - issued + popped)
-        m.d.sync += outstanding.eq(outstanding + issued - rdata.valid)
+        issued, popped = self._issue_reads(m, fifo, busy=busy, stopped=stopped, to_issue=to_issue, credits=credits,
+                                           addr=addr, outstanding=outstanding)
+        cmd, rdata = self.port.cmd, self.port.rdata
 
         # beats: gather `ratio` words, word j in bits j * port_width
         acc = Signal(self._beat_width)
@@ -234,6 +223,27 @@ class DRAMImageReader(wiring.Component):
 
         m.d.comb += [self.busy.eq(busy), self.error.eq(stopped)]
         return m
+
+    def _issue_reads(self, m: Module, fifo, *, busy, stopped, to_issue, credits, addr, outstanding) -> tuple:
+        """The read path both widths share: one read command per port word while a FIFO reservation is free
+        (``credits``), the returned words into ``fifo`` (room reserved at issue, so ``w_rdy`` always holds), and
+        the reservation and outstanding-read counts. Returns ``(issued, popped)``: a command taken, a word
+        taken from ``fifo``, this cycle."""
+        # commands: one read per word while a reservation is free
+        cmd = self.port.cmd
+        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0)),
+                     cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
+        issued = cmd.valid & cmd.ready
+        with m.If(issued):
+            m.d.sync += [addr.eq(addr + 1), to_issue.eq(to_issue - 1)]
+
+        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here)
+        rdata = self.port.rdata
+        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & ~stopped)]
+        popped = fifo.r_en & fifo.r_rdy
+        m.d.sync += credits.eq(credits - issued + popped)
+        m.d.sync += outstanding.eq(outstanding + issued - rdata.valid)
+        return issued, popped
 
     def _elaborate_wide(self) -> Module:
         """A port word of ``n`` = ``port_width / beat_width`` beats: whole words read, split into beats.
@@ -274,20 +284,9 @@ class DRAMImageReader(wiring.Component):
                 busy.eq(beats != 0),
             ]
 
-        # commands: one read per word while a reservation is free
-        cmd = self.port.cmd
-        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0)),
-                     cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
-        issued = cmd.valid & cmd.ready
-        with m.If(issued):
-            m.d.sync += [addr.eq(addr + 1), to_issue.eq(to_issue - 1)]
-
-        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here)
-        rdata = self.port.rdata
-        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & ~stopped)]
-        popped = fifo.r_en & fifo.r_rdy
-        m.d.sync += credits.eq(credits - issued + popped)
-        m.d.sync += outstanding.eq(outstanding + issued - rdata.valid)
+        issued, popped = self._issue_reads(m, fifo, busy=busy, stopped=stopped, to_issue=to_issue, credits=credits,
+                                           addr=addr, outstanding=outstanding)
+        cmd, rdata = self.port.cmd, self.port.rdata
 
         # beats: beat `pos` of the head word (beat j in bits j * beat_width); the word leaves after its last
         # beat or the request's
