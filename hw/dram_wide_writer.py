@@ -12,13 +12,12 @@ stream writer's: a word enters the data FIFO in the cycle its command is accepte
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from hw.dram import NativePortSignature
-from hw.dram_reader import check_port_widths, dram_request_layout
+from hw.dram_reader import check_port_widths
+from hw.dram_writer import writer_members
 
 __all__ = ["DRAMWideWriter"]
 
@@ -69,14 +68,7 @@ class DRAMWideWriter(wiring.Component):
             raise ValueError(f"port_width ({port_width}) must be wider than beat_width ({beat_width}); a port "
                              "no wider than a beat is hw.dram_writer.DRAMStreamWriter's")
         self._addr_width, self._port_width, self._beat_width, self._depth = addr_width, port_width, beat_width, depth
-        byte_addr_width = addr_width + ceil_log2(port_width // 8)
-        super().__init__({
-            "req": In(stream.Signature(dram_request_layout(byte_addr_width))),
-            "i": In(stream.Signature(beat_width)),
-            "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
-            "busy": Out(1),
-            "error": Out(1),
-        })
+        super().__init__(writer_members(addr_width=addr_width, port_width=port_width, beat_width=beat_width))
 
     def elaborate(self, platform):
         m = Module()

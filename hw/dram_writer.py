@@ -18,7 +18,21 @@ from amaranth.utils import ceil_log2
 from hw.dram import NativePortSignature
 from hw.dram_reader import check_port_widths, dram_request_layout
 
-__all__ = ["DRAMStreamWriter"]
+__all__ = ["DRAMStreamWriter", "writer_members"]
+
+
+def writer_members(*, addr_width: int, port_width: int, beat_width: int) -> dict:
+    """The members of a DRAM stream writer (:class:`DRAMStreamWriter`, :class:`hw.dram_wide_writer.DRAMWideWriter`):
+    ``req`` (byte address and beats), ``i`` (the beats), ``port`` (the controller's native port), ``busy``,
+    ``error``."""
+    byte_addr_width = addr_width + ceil_log2(port_width // 8)
+    return {
+        "req": In(stream.Signature(dram_request_layout(byte_addr_width))),
+        "i": In(stream.Signature(beat_width)),
+        "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
+        "busy": Out(1),
+        "error": Out(1),
+    }
 
 
 class DRAMStreamWriter(wiring.Component):
@@ -59,14 +73,7 @@ class DRAMStreamWriter(wiring.Component):
     def __init__(self, *, addr_width: int, port_width: int = 16, beat_width: int = 64, depth: int = 16):
         check_port_widths(addr_width=addr_width, port_width=port_width, beat_width=beat_width, depth=depth)
         self._addr_width, self._port_width, self._beat_width, self._depth = addr_width, port_width, beat_width, depth
-        byte_addr_width = addr_width + ceil_log2(port_width // 8)
-        super().__init__({
-            "req": In(stream.Signature(dram_request_layout(byte_addr_width))),
-            "i": In(stream.Signature(beat_width)),
-            "port": Out(NativePortSignature(addr_width=addr_width, data_width=port_width)),
-            "busy": Out(1),
-            "error": Out(1),
-        })
+        super().__init__(writer_members(addr_width=addr_width, port_width=port_width, beat_width=beat_width))
 
     def elaborate(self, platform):
         m = Module()
