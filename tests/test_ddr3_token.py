@@ -1,0 +1,87 @@
+"""Whole tokens of the ECPIX-5 DDR3 board in Verilator, bit-exact with the golden device (issue 23; sim/ddr3_token).
+
+The harness (:mod:`sim.ddr3_token`) simulates ``Ddr3Ecp5Top``'s logic (``DRAMBoard`` at 128 bits with the core at
+the 370M shape's capacities, 40 lanes, 4 quantize lanes; ``Ddr3Crossings``; the LiteDRAM DDR3 simulation core)
+at 72 MHz core / 75 MHz controller, fills DRAM through a back door and drives the board with the host's ECP5
+driver over the link's byte streams. Opt-in: ``MMFREE_DDR3_TOKEN=1`` (a Verilator build of several minutes and
+1 GiB for the DDR3 model); run it under ``flock /tmp/heavy.lock``. ``MMFREE_DDR3_TOKEN_370M=1`` adds the whole
+370M shape (random weights, about 2 GB of host memory and minutes of simulation a token).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.sim, pytest.mark.slow]
+
+#: a mid-size random model that fits the harness's core (hidden, intermediate, layers, vocabulary): every kind of
+#: instruction, two layers, a 4 KiB-aligned table after an image of several DRAM rows
+SMALL = {"vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 704}
+
+
+@pytest.fixture(scope="module")
+def built():
+    if os.environ.get("MMFREE_DDR3_TOKEN") != "1":
+        pytest.skip("opt-in: MMFREE_DDR3_TOKEN=1 (a Verilator build of the DDR3 token harness, 1 GiB DDR3 model)")
+    from hw import dram
+
+    if not dram.litedram_available():
+        pytest.skip("LiteDRAM is not installed: pip install -e '.[dram]'")
+    from host.devices.base import DeviceError
+    from host.devices.rtl_harness import find_toolchain
+    from sim.ddr3_token import build
+
+    try:
+        find_toolchain()
+    except DeviceError as exc:
+        pytest.skip(str(exc))
+    return build()
+
+
+def _weights(shape: dict, seed: int):
+    from host.model import HGRNBitConfig, random_weights
+
+    return random_weights(HGRNBitConfig(**shape), seed=seed)
+
+
+def _check(result: dict, n_tokens: int) -> None:
+    toks = result["tokens"]
+    assert len(toks) == n_tokens
+    for t in toks:
+        assert t["bit_exact"], t
+        assert t["argmax"][0] == t["argmax"][1]
+        # the core's counter runs inside the harness's window (the 'T' bytes to the output's last byte)
+        assert 0 < t["hw_cycles"] <= t["cycles"]
+        # the image is read once a token (16-byte bursts), within the board's whole read of the image
+        assert t["rd_bursts"] * 16 >= result["layout"]["image_bytes"]
+        assert 0 < t["efficiency_read_window"] <= 1.0
+        assert t["efficiency_token"] <= t["efficiency_read_window"]
+    assert result["harness"]["init_error"] == 0
+    assert result["crc_checked"] >= 2
+
+
+def test_small_random_model_bit_exact(built):
+    """Three tokens of a small random model, logits bit-exact with the golden device; the back door checked by the
+    board's CRC through the controller."""
+    from sim.ddr3_token import compile_bundle, run_case
+
+    bundle = compile_bundle(_weights(SMALL, seed=3))
+    ids = np.random.default_rng(5).integers(0, SMALL["vocab_size"], 3)
+    result = run_case(built, bundle, ids)
+    _check(result, 3)
+
+
+def test_370m_token_bit_exact(built):
+    """One whole token of a random model of the 370M shape (``host.model.random_weights(seed=0)``), logits bit-exact
+    with the golden device. Opt-in on top of the build: ``MMFREE_DDR3_TOKEN_370M=1``."""
+    if os.environ.get("MMFREE_DDR3_TOKEN_370M") != "1":
+        pytest.skip("opt-in: MMFREE_DDR3_TOKEN_370M=1 (the whole 370M shape: minutes of simulation, ~2 GB host "
+                    "memory)")
+    from sim.ddr3_token import SHAPE_370M, compile_bundle, run_case
+
+    bundle = compile_bundle(_weights(SHAPE_370M, seed=0))
+    result = run_case(built, bundle, [int(np.random.default_rng(1).integers(0, SHAPE_370M["vocab_size"]))])
+    _check(result, 1)
