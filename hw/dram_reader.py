@@ -14,11 +14,18 @@ the bank machines' command queues (``cmd_buffer_depth``) and the read pipeline f
 A read that never returns does not hang the reader: after ``timeout`` cycles of waiting on the controller
 (reads outstanding or a command offered, and neither a command accepted nor a word returned) it stops with
 ``error`` set.
+
+An ``abort`` (the DRAM board's ``'X'``) ends the request at once, but the words of reads already taken by the
+controller still come afterwards (the native port returns every read, in command order). The count of
+outstanding reads therefore survives the abort: the reader drops exactly that many returning words, and
+accepts the next request only once they are in, so that all the words a request receives are its own. Reads
+that never come are given up after ``timeout`` cycles without a word (no ``error``: lost reads have already
+timed out a request, or will time out the next one).
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -114,7 +121,14 @@ class DRAMImageReader(wiring.Component):
     busy : Out(1)
         A request is in progress.
     error : Out(1)
-        A read timed out; the reader has stopped (no more commands or beats) until reset.
+        A read of a request timed out; the reader has stopped (no more commands or beats) until ``abort`` or
+        reset.
+    abort : In(1)
+        While high: the request in progress ends (no more commands; ``busy`` and ``error`` clear, the word
+        FIFO and the beat in progress are dropped) and ``req`` is refused. Reads the controller has taken and
+        not answered stay counted: their words, whenever they come, are dropped, and ``req`` is refused
+        until the last of them is in (or ``timeout`` cycles pass without one: they are taken as lost).
+        The domain's own reset clears that count as well (the controller is reset with it).
 
     Raises
     ------
@@ -135,6 +149,7 @@ class DRAMImageReader(wiring.Component):
             "o": Out(stream.Signature(beat_layout(beat_width))),
             "busy": Out(1),
             "error": Out(1),
+            "abort": In(1),
         })
 
     @property
@@ -156,9 +171,25 @@ class DRAMImageReader(wiring.Component):
         return self._timeout
 
     def elaborate(self, platform):
-        if self._port_width > self._beat_width:
-            return self._elaborate_wide()
         m = Module()
+        # the request's state (everything but the count of reads in flight) restarts on `abort`
+        request = Module()
+        outstanding = Signal(range(self._depth + 1))    # reads taken by the controller and not yet answered
+        build = self._elaborate_wide if self._port_width > self._beat_width else self._elaborate_narrow
+        gave_up = build(request, outstanding)
+        m.submodules.request = ResetInserter(self.abort)(request)
+
+        issued = self.port.cmd.valid & self.port.cmd.ready
+        returned = self.port.rdata.valid & (outstanding != 0)
+        with m.If(gave_up):
+            m.d.sync += outstanding.eq(0)
+        with m.Else():
+            m.d.sync += outstanding.eq(outstanding + issued - returned)
+        return m
+
+    def _elaborate_narrow(self, m: Module, outstanding: Signal) -> Signal:
+        """A port word of a beat or less: ``ratio`` = ``beat_width / port_width`` words gathered into a beat.
+        Builds the request's logic in ``m``; returns the time-out's ``gave_up`` (:meth:`_time_out`)."""
         ratio = self._beat_width // self._port_width
         word_shift = ceil_log2(self._port_width // 8)
         beat_shift = ceil_log2(self._beat_width // 8)
@@ -172,13 +203,11 @@ class DRAMImageReader(wiring.Component):
         to_issue = Signal(words_width)          # read commands still to issue
         beats_left = Signal(words_width)        # beats still to deliver
         credits = Signal(range(self._depth + 1), init=self._depth)  # free reservations in the FIFO
-        outstanding = Signal(range(self._depth + 1))
-        wait = Signal(range(self._timeout + 1))
         stopped = Signal()
         busy = Signal()
 
-        # request: accepted when idle
-        m.d.comb += self.req.ready.eq(~busy & ~stopped)
+        # request: accepted when idle with no read of an aborted request in flight
+        m.d.comb += self.req.ready.eq(~busy & ~stopped & (outstanding == 0) & ~self.abort)
         with m.If(self.req.valid & self.req.ready):
             beats = self.req.payload.length >> beat_shift
             m.d.sync += [
@@ -189,8 +218,7 @@ class DRAMImageReader(wiring.Component):
             ]
 
         issued, popped = self._issue_reads(m, fifo, busy=busy, stopped=stopped, to_issue=to_issue, credits=credits,
-                                           addr=addr, outstanding=outstanding)
-        cmd, rdata = self.port.cmd, self.port.rdata
+                                           addr=addr)
 
         # beats: gather `ratio` words, word j in bits j * port_width
         acc = Signal(self._beat_width)
@@ -212,46 +240,58 @@ class DRAMImageReader(wiring.Component):
                 with m.If(have == ratio - 1):
                     m.d.sync += [full.eq(1), have.eq(0)]
 
-        # time-out: waiting on the controller without progress
-        waiting = (outstanding != 0) | cmd.valid
-        with m.If(~waiting | issued | rdata.valid):
-            m.d.sync += wait.eq(0)
-        with m.Elif(wait == self._timeout - 1):
-            m.d.sync += stopped.eq(1)
-        with m.Else():
-            m.d.sync += wait.eq(wait + 1)
-
         m.d.comb += [self.busy.eq(busy), self.error.eq(stopped)]
-        return m
+        return self._time_out(m, busy=busy, stopped=stopped, outstanding=outstanding, issued=issued)
 
-    def _issue_reads(self, m: Module, fifo, *, busy, stopped, to_issue, credits, addr, outstanding) -> tuple:
+    def _issue_reads(self, m: Module, fifo, *, busy, stopped, to_issue, credits, addr) -> tuple:
         """The read path both widths share: one read command per port word while a FIFO reservation is free
-        (``credits``), the returned words into ``fifo`` (room reserved at issue, so ``w_rdy`` always holds), and
-        the reservation and outstanding-read counts. Returns ``(issued, popped)``: a command taken, a word
-        taken from ``fifo``, this cycle."""
+        (``credits``), the returned words of the request into ``fifo`` (room reserved at issue, so ``w_rdy``
+        always holds; a word that comes while no request is in progress belongs to an aborted one and is
+        dropped), and the reservation count. Returns ``(issued, popped)``: a command taken, a word taken from
+        ``fifo``, this cycle."""
         # commands: one read per word while a reservation is free
         cmd = self.port.cmd
-        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0)),
+        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0) & ~self.abort),
                      cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
         issued = cmd.valid & cmd.ready
         with m.If(issued):
             m.d.sync += [addr.eq(addr + 1), to_issue.eq(to_issue - 1)]
 
-        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here)
+        # returned words into the FIFO (room reserved at issue, so w_rdy always holds here); a request is accepted
+        # only with no read outstanding, so while one is in progress every word is its own
         rdata = self.port.rdata
-        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & ~stopped)]
+        m.d.comb += [fifo.w_data.eq(rdata.payload), fifo.w_en.eq(rdata.valid & busy & ~stopped)]
         popped = fifo.r_en & fifo.r_rdy
         m.d.sync += credits.eq(credits - issued + popped)
-        m.d.sync += outstanding.eq(outstanding + issued - rdata.valid)
         return issued, popped
 
-    def _elaborate_wide(self) -> Module:
+    def _time_out(self, m: Module, *, busy, stopped, outstanding, issued) -> Signal:
+        """The time-out both widths share: ``timeout`` cycles of waiting on the controller (reads outstanding
+        or a command offered) with neither a command taken nor a word returned. During a request it sets
+        ``stopped``; with no request in progress (the reads of an aborted request, which never came) the
+        returned ``gave_up`` is high for a cycle, and the caller clears the outstanding count."""
+        cmd, rdata = self.port.cmd, self.port.rdata
+        wait = Signal(range(self._timeout + 1))
+        gave_up = Signal()
+        waiting = (outstanding != 0) | cmd.valid
+        with m.If(~waiting | issued | rdata.valid):
+            m.d.sync += wait.eq(0)
+        with m.Elif(wait == self._timeout - 1):
+            with m.If(busy):
+                m.d.sync += stopped.eq(1)
+            with m.Else():
+                m.d.comb += gave_up.eq(1)
+        with m.Else():
+            m.d.sync += wait.eq(wait + 1)
+        return gave_up
+
+    def _elaborate_wide(self, m: Module, outstanding: Signal) -> Signal:
         """A port word of ``n`` = ``port_width / beat_width`` beats: whole words read, split into beats.
 
         The request, the read commands, the reservations and the time-out are the narrow path's; the FIFO
         holds whole port words and its head word is delivered a beat at a time from beat ``first`` (the
-        request's base within its word) to the word's last beat or the request's last beat, then popped."""
-        m = Module()
+        request's base within its word) to the word's last beat or the request's last beat, then popped.
+        Builds the request's logic in ``m``; returns the time-out's ``gave_up`` (:meth:`_time_out`)."""
         n = self._port_width // self._beat_width
         word_shift = ceil_log2(self._port_width // 8)
         beat_shift = ceil_log2(self._beat_width // 8)
@@ -266,13 +306,12 @@ class DRAMImageReader(wiring.Component):
         beats_left = Signal(beats_width)        # beats still to deliver
         pos = Signal(range(n))                  # the beat of the FIFO's head word delivered next
         credits = Signal(range(self._depth + 1), init=self._depth)  # free reservations in the FIFO
-        outstanding = Signal(range(self._depth + 1))
-        wait = Signal(range(self._timeout + 1))
         stopped = Signal()
         busy = Signal()
 
-        # request: accepted when idle; the words that hold beats first .. first + beats - 1 of the first word
-        m.d.comb += self.req.ready.eq(~busy & ~stopped)
+        # request: accepted when idle with no read of an aborted request in flight; the words that hold beats
+        # first .. first + beats - 1 of the first word
+        m.d.comb += self.req.ready.eq(~busy & ~stopped & (outstanding == 0) & ~self.abort)
         with m.If(self.req.valid & self.req.ready):
             first = self.req.payload.base[beat_shift:word_shift]
             beats = self.req.payload.length >> beat_shift
@@ -285,8 +324,7 @@ class DRAMImageReader(wiring.Component):
             ]
 
         issued, popped = self._issue_reads(m, fifo, busy=busy, stopped=stopped, to_issue=to_issue, credits=credits,
-                                           addr=addr, outstanding=outstanding)
-        cmd, rdata = self.port.cmd, self.port.rdata
+                                           addr=addr)
 
         # beats: beat `pos` of the head word (beat j in bits j * beat_width); the word leaves after its last
         # beat or the request's
@@ -301,14 +339,5 @@ class DRAMImageReader(wiring.Component):
             with m.If(last):
                 m.d.sync += busy.eq(0)
 
-        # time-out: waiting on the controller without progress
-        waiting = (outstanding != 0) | cmd.valid
-        with m.If(~waiting | issued | rdata.valid):
-            m.d.sync += wait.eq(0)
-        with m.Elif(wait == self._timeout - 1):
-            m.d.sync += stopped.eq(1)
-        with m.Else():
-            m.d.sync += wait.eq(wait + 1)
-
         m.d.comb += [self.busy.eq(busy), self.error.eq(stopped)]
-        return m
+        return self._time_out(m, busy=busy, stopped=stopped, outstanding=outstanding, issued=issued)

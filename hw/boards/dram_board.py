@@ -211,8 +211,9 @@ class DRAMBoard(wiring.Component):
         connect(m, flipped(self.rx), br.rx)
         connect(m, br.tx, flipped(self.tx))
 
-        # 'X': the core reset, registered (LinkedCore's), resets the core, the engines' DRAM adapters, the
-        # token builder, the tap and the stream FIFOs; the board registers stay
+        # 'X': the core reset, registered (LinkedCore's), resets the core, the writer, the token builder, the
+        # tap and the stream FIFOs, and aborts the reader (which keeps counting the reads in flight, so that
+        # their words, arriving after the reset, are dropped); the board registers stay
         core_rst = Signal()
         m.d.sync += core_rst.eq(br.core_rst)
 
@@ -230,7 +231,8 @@ class DRAMBoard(wiring.Component):
                                read_align=reader.base_align)
         tap = ArgmaxTap()
         m.submodules.core = reset(core)
-        m.submodules.reader = reset(reader)
+        m.submodules.reader = reader
+        m.d.comb += reader.abort.eq(core_rst)
         m.submodules.writer = reset(writer)
         m.submodules.builder = reset(builder)
         m.submodules.tap = reset(tap)

@@ -1,11 +1,12 @@
 """DRAMBoard (hw/boards/dram_board.py) in the Amaranth simulator, driven with link bytes below the UART
 (hw.boards.link_protocol frames), its native port answered by tests/hw/test_dram_reader.py's behavioural
 LiteDRAM port model: the board registers, 'L' and 'C' against zlib.crc32, alignment and readiness checks,
-an 'L' abandoned mid-load, refused tokens, and tokens of a tiny random model run from DRAM bit-exact with the
-golden device (the whole output packet, or the argmax summary), a corrupted image word (the weight CRC) and
-the next token after CTRL.clear. The control bus ('K'/'J', link version 3) is answered by a behavioural
-Wishbone subordinate (:class:`WishboneModel`): accesses, the power-up sequencer's ownership, a missing ack,
-bad addresses, and the port enable of a board built with ``hold_port``.
+an 'L' abandoned mid-load, 'X' with DRAM reads in flight, refused tokens, and tokens of a tiny random model
+run from DRAM bit-exact with the golden device (the whole output packet, or the argmax summary), a corrupted
+image word (the weight CRC) and the next token after CTRL.clear. The control bus ('K'/'J', link version 3)
+is answered by a behavioural Wishbone subordinate (:class:`WishboneModel`): accesses, the power-up
+sequencer's ownership, a missing ack, bad addresses, and the port enable of a board built with
+``hold_port``.
 
 The tests that touch the DRAM run with the ULX3S's 16-bit port and the ECPIX-5 DDR3's 128-bit one (two 64-bit
 beats a word) over the same 32 KiB of bytes: the same bytes must land at the same byte addresses, and loads,
@@ -838,6 +839,38 @@ def test_read_timeout_then_reset(port_width):
         assert packet == make_token_packet(table[3], position=4, logits=True)
         assert img == image
         assert (await b.crc(ctx, IMAGE_BASE, len(image))) == (zlib.crc32(image), 0)
+
+    bench.run(script)
+
+
+def test_reset_with_reads_in_flight(port_width):
+    """Reads slower than the time-out: the token ends with READ_TIMEOUT while its reads are still in flight,
+    and ``'X'`` comes before their words, which arrive after it into the reset reader and are dropped: the
+    next ``'C'`` and ``'T'`` read exactly their own bytes."""
+    rng = np.random.default_rng(6)
+    hidden, vocab = 13, 9
+    table = rng.integers(-(1 << 31), 1 << 31, size=(vocab, hidden), dtype=np.int64)
+    image = rng.bytes(8 * 9)
+    mem = blank_mem()
+    put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
+    put_bytes(mem, IMAGE_BASE, image)
+    bench = Bench(small_board(port_width), mem)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table)
+        b.model.latency = (330, 330)       # dram_timeout is 200 cycles
+        assert await b.token(ctx, 2, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.READ_TIMEOUT
+        assert await b.command(ctx, bytes([lp.OP_RESET]), lp.REP_RESET) == b""
+        assert b.model.pending > 0, "no read in flight after 'x': the test proves nothing"
+        b.model.latency = (3, 10)
+        b.words, b.packets = [], []                         # the host drops what came before 'x'
+        assert await b.crc(ctx, IMAGE_BASE, len(image)) == (zlib.crc32(image), 0)
+        assert b.model.pending == 0
+        assert await b.token(ctx, 3, 4, lp.TokenFlags.LOGITS) == 0
+        packet, img = await b.output(ctx, 2)
+        assert packet == make_token_packet(table[3], position=4, logits=True)
+        assert img == image
+        assert not await b.get(ctx, lp.BoardReg.STATUS) & lp.BoardStatus.READER_ERROR
 
     bench.run(script)
 

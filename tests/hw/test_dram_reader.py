@@ -6,8 +6,10 @@ beats a word: ranges that start or end mid-word, byte enables).
 The port model keeps LiteDRAM's contract (``litedram/core/crossbar.py``): commands accepted when the model
 says ``ready`` (random stalls stand for refreshes and bank switches), read data returned in command order at
 a latency of several cycles whatever the reader's state (``rdata`` cannot be held back), write data taken in
-the cycle the model raises ``wdata.ready``, a few cycles after the command, with its byte enables. The real
-controller and SDRAM model are exercised by ``sim/test_dram.py``.
+the cycle the model raises ``wdata.ready``, a few cycles after the command, with its byte enables. The reader's
+``abort`` is tested with reads in flight (their words come after it and must not reach the next request), after
+a time-out, and with reads that never come. The real controller and SDRAM model are exercised by
+``sim/test_dram.py``.
 """
 
 import gc
@@ -54,6 +56,8 @@ class NativePortModel:
         self.cmd_stall, self.latency, self.write_latency = cmd_stall, latency, write_latency
         self.lose_after = lose_after
         self.reads = 0
+        self.returned = 0        # read words answered
+        self.pending = 0         # reads taken and not yet answered, after the last cycle
         self.writes_taken = 0
         self.max_pending = 0
 
@@ -73,6 +77,7 @@ class NativePortModel:
             _, _, valid, cmd, wdata = await ctx.tick().sample(port.cmd.valid, port.cmd.payload, port.wdata.payload)
             if rd:
                 reads.pop(0)
+                self.returned += 1
             if wr:
                 _, addr = writes.pop(0)
                 self.write_word(addr, int(wdata.data), int(wdata.we))
@@ -85,6 +90,7 @@ class NativePortModel:
                     if self.lose_after is None or self.reads <= self.lose_after:
                         last_due = max(last_due, cycle + int(self.rng.integers(*self.latency, endpoint=True)))
                         reads.append((last_due, int(cmd.addr)))
+            self.pending = len(reads)
             self.max_pending = max(self.max_pending, len(reads))
             cycle += 1
 
@@ -265,6 +271,160 @@ def test_reader_stays_stopped_after_error(port_width):
     sim.add_testbench(model.process, background=True)
     sim.add_testbench(tb)
     sim.run()
+
+
+def run_abort(dut, model, first, second, *, abort_after_beats=None, abort_cycles=1, out_stall=0.0, seed=0,
+              after_abort=None, max_cycles=3000) -> dict:
+    """Start request ``first`` ((base, length)), abort the reader (``abort`` high ``abort_cycles`` cycles)
+    after ``abort_after_beats`` of its beats or, with None, once ``error`` is set; call ``after_abort()``
+    (to change the model), then run request ``second`` to its last beat. Returns ``beats`` (second's, as
+    (data, last)), ``in_flight`` (the model's unanswered reads when the abort began), ``drained`` (words
+    answered from then until second's acceptance), ``unanswered`` (reads taken and not answered at that
+    acceptance, lost ones included), ``reads`` (read commands taken from the abort's end on), ``wait``
+    (cycles from the abort's end to second's acceptance), ``extra`` (beats in the 40 cycles after second's
+    last) and ``error`` (seen after the abort). Checks that
+    nothing is delivered between the abort and second's acceptance and the stream rules on ``o``."""
+    rng = np.random.default_rng(seed)
+    layout = beat_layout(dut.o.payload.shape().size - 1)
+    st = {"beats": [], "error": False}
+
+    async def tb(ctx):
+        ctx.set(dut.req.payload, {"base": first[0], "length": first[1]})
+        ctx.set(dut.req.valid, 1)
+        await ctx.tick().until(dut.req.ready)
+        ctx.set(dut.req.valid, 0)
+        taken = 0
+        for _ in range(max_cycles):
+            if (taken >= abort_after_beats) if abort_after_beats is not None else ctx.get(dut.error):
+                break
+            ready = rng.random() >= out_stall
+            ctx.set(dut.o.ready, ready)
+            _, _, valid = await ctx.tick().sample(dut.o.valid)
+            taken += valid and ready
+        else:
+            raise AssertionError("the abort's condition never came")
+        ctx.set(dut.o.ready, 0)
+        st["in_flight"], returned = model.pending, model.returned
+        ctx.set(dut.abort, 1)
+        await ctx.tick().repeat(abort_cycles)
+        ctx.set(dut.abort, 0)
+        assert not ctx.get(dut.busy) and not ctx.get(dut.error), "the abort left the reader busy or in error"
+        if after_abort is not None:
+            after_abort()
+        reads = model.reads
+        ctx.set(dut.req.payload, {"base": second[0], "length": second[1]})
+        ctx.set(dut.req.valid, 1)
+        st["wait"] = 0
+        for _ in range(max_cycles):
+            ready = rng.random() >= out_stall
+            ctx.set(dut.o.ready, ready)
+            _, _, accepted, valid, err = await ctx.tick().sample(dut.req.ready, dut.o.valid, dut.error)
+            assert not valid, "a beat between the abort and the next request"
+            st["error"] |= err
+            if accepted:
+                break
+            st["wait"] += 1
+        else:
+            raise AssertionError("the next request was never accepted")
+        ctx.set(dut.req.valid, 0)
+        st["drained"], st["unanswered"] = model.returned - returned, model.reads - model.returned
+        prev, n = None, second[1] // 8
+        for _ in range(max_cycles):
+            if len(st["beats"]) == n:
+                break
+            ready = rng.random() >= out_stall
+            ctx.set(dut.o.ready, ready)
+            _, _, valid, bits, err = await ctx.tick().sample(dut.o.valid, dut.o.payload.as_value(), dut.error)
+            st["error"] |= err
+            if err:
+                break
+            if prev is not None:
+                assert valid and bits == prev, "o: valid dropped or payload changed before the transfer"
+            prev = bits if valid and not ready else None
+            if valid and ready:
+                c = data.Const(layout, bits)
+                st["beats"].append((int(c.data), bool(c.last)))
+        ctx.set(dut.o.ready, 1)
+        st["extra"] = 0
+        for _ in range(40):   # nothing more: no late word turns into a beat
+            _, _, valid = await ctx.tick().sample(dut.o.valid)
+            st["extra"] += valid
+        st["reads"] = model.reads - reads
+        assert model.pending == 0
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(model.process, background=True)
+    sim.add_testbench(tb)
+    sim.run()
+    return st
+
+
+def check_second(dut, mem, second, st):
+    """``second``'s beats are exactly its bytes, ``last`` on the final one, read with its own reads only."""
+    want = expected_beats(mem, *second, 8, dut.base_align)
+    assert [d for d, _ in st["beats"]] == want, "the request after the abort got other bytes (stale words?)"
+    assert [last for _, last in st["beats"]] == [i == len(want) - 1 for i in range(len(want))]
+    assert st["extra"] == 0, "beats after the request's last"
+    assert st["reads"] == reads_for(dut, *second)
+    assert not st["error"]
+
+
+#: after the abort: word-aligned, mid-beat on the 16-bit port, mid-word (8 mod 16) on the 128-bit one
+SECOND = (0x1008, 200)
+
+
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+@pytest.mark.parametrize("out_stall, abort_cycles", [(0.0, 1), (0.5, 16)])
+def test_abort_with_reads_in_flight(port_width, out_stall, abort_cycles):
+    """An abort while reads are in flight (taken by the port, their words not yet back): those words still
+    come after the abort and are dropped, and the next request's beats are exactly its own bytes (the 16
+    cycles are the board's ``'X'``)."""
+    mem = random_mem()
+    dut = reader(port_width, depth=16)
+    model = NativePortModel(dut.port, mem, np.random.default_rng(7), latency=(20, 40))
+    st = run_abort(dut, model, (0x100, 512), SECOND, abort_after_beats=3, abort_cycles=abort_cycles,
+                   out_stall=out_stall, seed=8)
+    assert st["in_flight"] > 0, "no read in flight at the abort: the test proves nothing"
+    check_second(dut, mem, SECOND, st)
+    assert st["drained"] >= st["in_flight"] and st["unanswered"] == 0   # taken once the stale words were in
+    assert model.max_pending <= 16
+
+
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+def test_abort_after_a_time_out_drops_the_late_words(port_width):
+    """Reads slower than the time-out: ``error``; an abort while they are still in flight, then they come
+    (after the abort, within ``timeout`` cycles of it) and are dropped; the next request is exact."""
+    mem = random_mem()
+    dut = reader(port_width, depth=16, timeout=60)
+    model = NativePortModel(dut.port, mem, np.random.default_rng(9), latency=(110, 110))
+
+    def fast():
+        model.latency = (3, 10)
+
+    st = run_abort(dut, model, (0, 64), SECOND, abort_cycles=16, after_abort=fast)
+    assert st["in_flight"] > 0, "no read in flight at the abort: the test proves nothing"
+    check_second(dut, mem, SECOND, st)
+    assert st["drained"] >= st["in_flight"] and st["unanswered"] == 0
+    assert st["wait"] > 0, "the next request accepted before the late words were in"
+
+
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+def test_abort_with_reads_that_never_return(port_width):
+    """Reads lost by the controller: after the abort the reader waits ``timeout`` cycles without a word for
+    them, takes them as lost (no ``error``: the time-out before the abort reported them) and runs the next
+    request exactly."""
+    mem = random_mem()
+    dut = reader(port_width, depth=16, timeout=60)
+    model = NativePortModel(dut.port, mem, np.random.default_rng(10), lose_after=2)
+
+    def mend():
+        model.lose_after = None
+
+    st = run_abort(dut, model, (0, 256), SECOND, abort_cycles=16, after_abort=mend)
+    check_second(dut, mem, SECOND, st)
+    assert st["drained"] == 0 and st["unanswered"] > 0
+    assert 60 <= st["wait"] <= 70, f"the next request accepted {st['wait']} cycles after the abort"
 
 
 @pytest.mark.parametrize("kw, exc", [({"addr_width": 0}, ValueError), ({"addr_width": 8, "port_width": 12}, ValueError),
