@@ -1,14 +1,16 @@
-"""cocotb tests of the simulated ULX3S DRAM board (``sim/test_board_dram.py`` builds the board and runs one test per
-pytest case: parameters in ``MMFREE_BOARD_PARAMS``, results to ``MMFREE_BOARD_RESULT``).
+"""cocotb tests of the simulated DRAM boards, the ULX3S (SDRAM) and the ECPIX-5 (DDR3) (``sim/test_board_dram.py``
+and ``sim/test_board_ddr3.py`` build a board and run one test per pytest case: parameters in
+``MMFREE_BOARD_PARAMS``, results to ``MMFREE_BOARD_RESULT``).
 
-:class:`BoardLink` is the testbench's side of the board: the clock (cocotb's GPI clock, so that Verilator runs
-free between bytes), reset, the DRAM's power-up, and the board's link bytes either through the byte port
-(``bp_rx``/``bp_tx``, one byte a cycle, driven and sampled at falling edges: both sides pass a FIFO whose
-``ready``/``valid`` depend on its state only) or through the serial line (8N1 bit by bit on ``uart_rx``/
-``uart_tx`` with timers, at the simulation's divisor; the board's own UART on the other side). It logs each
-host-to-board command when the board has received its last byte, and each board-to-host frame when its last
-byte left the board, with the simulated time and the SDRAM model's DFI command counters, and it owns the back
-door (``$readmemh`` into the model's bank arrays).
+:class:`BoardLink` is the testbench's side of the board: the clocks (cocotb's GPI clocks, so that Verilator runs
+free between bytes: the board's, and the controller's own where it has one, ``dram_clk``, unrelated), reset, the
+DRAM's power-up, the port's opening on a board that holds it (:func:`open_port`), and the board's link bytes
+either through the byte port (``bp_rx``/``bp_tx``, one byte a cycle, driven and sampled at falling edges: both
+sides pass a FIFO whose ``ready``/``valid`` depend on its state only) or through the serial line (8N1 bit by
+bit on ``uart_rx``/``uart_tx`` with timers, at the simulation's divisor; the board's own UART on the other
+side). It logs each host-to-board command when the board has received its last byte, and each board-to-host
+frame when its last byte left the board, with the simulated time and the DRAM model's DFI command counters, and
+it owns the back door (``$readmemh`` into the model's bank arrays).
 
 The host side is the real driver, :mod:`host.devices.ecp5`, run by :func:`host_call` in a thread
 (``cocotb.task.bridge``) on :class:`SimSerial`, a pyserial-like port whose ``read``/``write`` run in the
@@ -69,22 +71,22 @@ def params() -> dict:
 # ------------------------------------------------------------------------------------------- logs
 @dataclass
 class Command:
-    """A host-to-board command as the board received it (``t_ns``: its last byte in)."""
+    """A host-to-board command as the board received it (``t_ps``: its last byte in, simulated ps)."""
 
     op: int
     args: bytes
     data_bytes: int
-    t_ns: float
+    t_ps: float
     monitor: dict | None = None
 
 
 @dataclass
 class Frame:
-    """A board-to-host frame (``t_ns``: its last byte out)."""
+    """A board-to-host frame (``t_ps``: its last byte out, simulated ps)."""
 
     head: int
     body: bytes
-    t_ns: float
+    t_ps: float
     monitor: dict | None = None
 
 
@@ -159,8 +161,10 @@ class BoardLink:
 
     def __init__(self, dut, p: dict):
         self.dut, self.p = dut, p
-        self.clock_ns = int(p["clock_ns"])
-        self.bit_ns = int(p["divisor"]) * self.clock_ns
+        self.clock_ps = int(p["clock_ps"])
+        #: the controller's clock (``dram_clk``) where it has its own (the DDR3 board), else the board's
+        self.dram_clock_ps = int(p.get("dram_clock_ps") or self.clock_ps)
+        self.bit_ps = int(p["divisor"]) * self.clock_ps
         self.uart = False
         self.to_board: deque[int] = deque()
         self.from_board = bytearray()
@@ -170,14 +174,18 @@ class BoardLink:
         self._cmd, self._frm = CommandParser(), FrameParser()
         self.framing_errors = 0
         self.bytes_to_board = self.bytes_from_board = 0
-        self.now_ns = 0.0
+        self.now_ps = 0.0
         self.geom = p["geom"]
 
     # ---------------------------------------------------------------- start
     async def start(self) -> int:
         """Clock, reset, the link coroutines; returns the cycles from reset to the DRAM's ``init_done``."""
         dut = self.dut
-        Clock(dut.clk, self.clock_ns, unit="ns").start()
+        Clock(dut.clk, self.clock_ps, unit="ps").start()
+        two = bool(self.p.get("dram_clock_ps"))
+        if two:     # the controller's own clock, unrelated to the board's (the DDR3 board); reset together
+            Clock(dut.dram_clk, self.dram_clock_ps, unit="ps").start()
+            dut.dram_rst.value = 1
         dut.uart_rx.value = 1
         dut.uart_sel.value = 0
         dut.bp_rx__valid.value = 0
@@ -186,17 +194,25 @@ class BoardLink:
         dut.rst.value = 1
         await ClockCycles(dut.clk, 8)
         dut.rst.value = 0
-        t0 = get_sim_time("ns")
-        await with_timeout(RisingEdge(dut.init_done), 60000 * self.clock_ns, "ns")
+        if two:
+            dut.dram_rst.value = 0
+        t0 = get_sim_time("ps")
+        await with_timeout(RisingEdge(dut.init_done), int(self.p.get("init_cycles_max", 60000)) * self.dram_clock_ps,
+                           "ps")
         assert not dut.init_error.value, "the DRAM's init_error after its power-up sequence"
         for coro in (self._sender(), self._bp_receiver(), self._uart_receiver()):
             cocotb.start_soon(coro)
         await FallingEdge(dut.clk)
-        self.now_ns = get_sim_time("ns")
-        return round((self.now_ns - t0) / self.clock_ns)
+        self.now_ps = get_sim_time("ps")
+        return self.dram_cycles(self.now_ps - t0)
 
-    def cycles(self, t_ns: float) -> int:
-        return round(t_ns / self.clock_ns)
+    def cycles(self, t_ps: float) -> int:
+        """Board (``sync``) clock cycles in ``t_ps`` simulated ps."""
+        return round(t_ps / self.clock_ps)
+
+    def dram_cycles(self, t_ps: float) -> int:
+        """Controller clock cycles in ``t_ps`` simulated ps."""
+        return round(t_ps / self.dram_clock_ps)
 
     def set_uart(self, on: bool) -> None:
         assert not self.to_board, "switching the link while bytes are queued"
@@ -230,7 +246,7 @@ class BoardLink:
         """One 8N1 frame on ``uart_rx`` (LSB first), bit times of ``divisor`` cycles from a falling clock edge."""
         for bit in (0, *((b >> i) & 1 for i in range(8)), 1):
             self.dut.uart_rx.value = bit
-            await Timer(self.bit_ns, "ns")
+            await Timer(self.bit_ps, "ps")
         self._delivered(b)
 
     def _delivered(self, b: int) -> None:
@@ -238,7 +254,7 @@ class BoardLink:
         done = self._cmd.feed(b)
         if done is not None:
             op, args, nbytes = done
-            t = get_sim_time("ns")
+            t = get_sim_time("ps")
             self.commands.append(Command(op, args, nbytes, t, monitor(self.dut) if op == lp.OP_TOKEN else None))
 
     # ---------------------------------------------------------------- board -> host
@@ -257,15 +273,15 @@ class BoardLink:
         dut = self.dut
         while True:
             await FallingEdge(dut.uart_tx)
-            await Timer(self.bit_ns // 2 + self.clock_ns // 4, "ns")
+            await Timer(self.bit_ps // 2 + self.clock_ps // 4, "ps")
             if dut.uart_tx.value:
                 self.framing_errors += 1     # a glitch, not a start bit
                 continue
             b = 0
             for i in range(8):
-                await Timer(self.bit_ns, "ns")
+                await Timer(self.bit_ps, "ps")
                 b |= int(dut.uart_tx.value) << i
-            await Timer(self.bit_ns, "ns")
+            await Timer(self.bit_ps, "ps")
             if not dut.uart_tx.value:
                 self.framing_errors += 1
             self._received(b)
@@ -278,7 +294,7 @@ class BoardLink:
         if done is not None:
             head, body = done
             mon = monitor(self.dut) if head == lp.REP_TOKEN else None
-            self.frames.append(Frame(head, body, get_sim_time("ns"), mon))
+            self.frames.append(Frame(head, body, get_sim_time("ps"), mon))
 
     # ---------------------------------------------------------------- for SimSerial (run in the simulator)
     async def put(self, data: bytes) -> float:
@@ -291,13 +307,13 @@ class BoardLink:
         ``(bytes, whether it had to wait, now)``."""
         waited = len(self.from_board) < n
         if waited and timeout_s > 0:
-            deadline = get_sim_time("ns") + timeout_s * 1e9
+            deadline = get_sim_time("ps") + timeout_s * 1e12
             while len(self.from_board) < n:
-                left = deadline - get_sim_time("ns")
+                left = deadline - get_sim_time("ps")
                 if left <= 0:
                     break
                 self._from_board_ev.clear()
-                await First(self._from_board_ev.wait(), Timer(max(self.clock_ns, round(left)), "ns"))
+                await First(self._from_board_ev.wait(), Timer(max(self.clock_ps, round(left)), "ps"))
         got = bytes(self.from_board[:n])
         del self.from_board[:n]
         return got, waited, self._sync()
@@ -307,12 +323,12 @@ class BoardLink:
         return self._sync()
 
     async def wait_seconds(self, s: float) -> float:
-        await Timer(max(self.clock_ns, round(s * 1e9 / self.clock_ns) * self.clock_ns), "ns")
+        await Timer(max(self.clock_ps, round(s * 1e12 / self.clock_ps) * self.clock_ps), "ps")
         return self._sync()
 
     def _sync(self) -> float:
-        self.now_ns = get_sim_time("ns")
-        return self.now_ns
+        self.now_ps = get_sim_time("ps")
+        return self.now_ps
 
     # ---------------------------------------------------------------- sessions
     async def quiet(self, cycles: int | None = None) -> None:
@@ -325,16 +341,23 @@ class BoardLink:
 
     # ---------------------------------------------------------------- back door
     async def backdoor_write(self, addr: int, data: bytes) -> None:
-        """Put ``data`` at byte address ``addr`` (both even) into the SDRAM model's bank arrays (``$readmemh``;
-        the controller's address mapping ``ROW_BANK_COL``: word address = row, bank, column)."""
-        assert addr % 2 == 0 and len(data) % 2 == 0 and data
+        """Put ``data`` at byte address ``addr`` into the DRAM model's bank arrays (``$readmemh``).
+
+        ``addr`` and ``len(data)`` are multiples of the port word (``geom["word_bytes"]``: 2 on the ULX3S, 16 on the
+        DDR3 board). The controller's address mapping is ``ROW_BANK_COL``: port word address = row, bank, column
+        word (``colbits - col_align`` bits; a DDR3 word is a BL8 burst, 8 columns, ``col_align`` 3). The model's
+        bank array holds ``(row << colbits | column) >> model_shift`` (``litedram.phy.model.BankModel``; at rate
+        1:2 ``model_shift`` is 2, so that only every other array word is used)."""
         g = self.geom
-        words = np.frombuffer(data, dtype="<u2")
-        a = np.arange(addr // 2, addr // 2 + len(words), dtype=np.int64)
-        col = a & ((1 << g["colbits"]) - 1)
-        bank = (a >> g["colbits"]) & ((1 << g["bankbits"]) - 1)
-        row = a >> (g["colbits"] + g["bankbits"])
-        index = (row << g["colbits"]) | col
+        wb = int(g["word_bytes"])
+        assert addr % wb == 0 and len(data) % wb == 0 and data, (addr, len(data), wb)
+        words = np.frombuffer(data, dtype=np.uint8).reshape(-1, wb)
+        a = np.arange(addr // wb, addr // wb + len(words), dtype=np.int64)
+        cbits = g["colbits"] - g["col_align"]
+        col = (a & ((1 << cbits) - 1)) << g["col_align"]
+        bank = (a >> cbits) & ((1 << g["bankbits"]) - 1)
+        row = a >> (cbits + g["bankbits"])
+        index = ((row << g["colbits"]) | col) >> g["model_shift"]
         mask = 0
         for b, name in enumerate(self.p["backdoor_files"]):
             sel = bank == b
@@ -350,17 +373,23 @@ class BoardLink:
         self._sync()
 
 
-_HEX = np.frombuffer(b"".join(f"{v:04x}\n".encode() for v in range(1 << 16)), dtype=np.uint8).reshape(-1, 5)
+_HEX2 = np.frombuffer("".join(f"{v:02x}" for v in range(256)).encode(), dtype=np.uint8).reshape(256, 2)
 
 
 def _readmemh_text(index: np.ndarray, words: np.ndarray) -> bytes:
-    """``$readmemh`` text: an ``@address`` line at each run of consecutive indices, one 16-bit word a line."""
+    """``$readmemh`` text: an ``@address`` line at each run of consecutive indices, then one word a line.
+
+    ``words`` is ``uint8 [n, word bytes]``, each row a little-endian word (its first byte the lowest address)."""
+    n, wb = words.shape
+    text = np.empty((n, 2 * wb + 1), dtype=np.uint8)
+    text[:, :-1] = _HEX2[words[:, ::-1]].reshape(n, 2 * wb)
+    text[:, -1] = ord("\n")
     starts = np.flatnonzero(np.diff(index, prepend=-2) != 1)
     ends = [*starts[1:], len(index)]
     parts = []
     for s, e in zip(starts, ends, strict=True):
         parts.append(f"@{int(index[s]):x}\n".encode())
-        parts.append(_HEX[words[s:e]].tobytes())
+        parts.append(text[s:e].tobytes())
     return b"".join(parts)
 
 
@@ -456,12 +485,12 @@ class SimClock:
         self._wait = resume(link.wait_seconds)
 
     def monotonic(self) -> float:
-        return self.link.now_ns / 1e9
+        return self.link.now_ps / 1e12
 
     time = perf_counter = monotonic
 
     def monotonic_ns(self) -> int:
-        return int(self.link.now_ns)
+        return int(self.link.now_ps // 1000)
 
     perf_counter_ns = time_ns = monotonic_ns
 
@@ -606,6 +635,97 @@ def refused_token(port: SimSerial) -> dict:
     return {"status": int(status), "error": message, "board": board}
 
 
+async def open_port(link: BoardLink, *, level: bool = False) -> dict | None:
+    """A board that holds its DRAM port until the host enables it (``hold_port``: the DDR3 board, link version 3):
+    the port held after power-up (``BoardStatus.PORT_HELD``, a token refused with ``TokenStatus.NOT_READY``), then
+    the port enabled as the driver's leveling ends, by ``BoardReg.PORT_ENABLE`` = 1 (``BoardStatus.PORT_ENABLED``).
+    With ``level`` the driver's read leveling runs first (:meth:`host.devices.ecp5.Ecp5Device.level`: the
+    controller's CSRs read and written over ``'K'``/``'J'`` through the board's control-bus crossing, which enables
+    the port itself); it raises what the procedure raises. Returns what happened (None on a board that does not
+    hold its port: nothing to do)."""
+    p = link.p
+    if not p.get("hold_port"):
+        return None
+    from host.leveling import load_csr_map
+
+    csr = load_csr_map(p["csr_json"])
+
+    def host():
+        dev = ecp5_device(SimSerial(link))
+        dev.connect()
+        tr = dev.transport
+        held = tr.read_board()[BoardReg.STATUS]
+        assert held & BoardStatus.PORT_HELD and not held & BoardStatus.PORT_ENABLED, f"STATUS 0x{held:x} at power-up"
+        status = tr.link.token(3, 0, logits=False)
+        assert status == TokenStatus.NOT_READY, f"a token on the held port: status {status!r}, expected NOT_READY"
+        out = {"status_held": int(held), "token_held": int(status), "leveled": level}
+        if level:
+            result = dev.level(csr)
+            out["lanes"] = [{"module": ln.module, "bitslip": ln.bitslip, "delay": ln.delay, "window": list(ln.window)}
+                            for ln in result.lanes]
+            out.update({k: int(v) for k, v in tr.stats.items() if k.startswith("ctrl_")})
+        else:
+            tr.link.board_write(BoardReg.PORT_ENABLE, 1)
+        after = tr.read_board()[BoardReg.STATUS]
+        assert after & BoardStatus.PORT_ENABLED, f"STATUS 0x{after:x} after the port enable"
+        out["status_enabled"] = int(after)
+        dev.close()
+        return out
+
+    t0 = get_sim_time("ps")
+    out = await host_call(link, host)
+    out["cycles"] = link.cycles(get_sim_time("ps") - t0)
+    await link.quiet(1000)
+    return out
+
+
+@cocotb.test()
+async def read_leveling(dut):
+    """The driver's read leveling (``host.leveling`` over ``'K'``/``'J'``) against the simulation core, whose
+    delays and bitslips do nothing: every lane should find every tap working and the port end enabled."""
+    from host import leveling as lvl
+    from host.leveling import ECPIX5_PARAMS, CSRBus, LevelingError, load_csr_map
+
+    p = params()
+    link = BoardLink(dut, p)
+    with recording() as res:
+        res["init_cycles"] = await link.start()
+        try:
+            res["port_open"] = await open_port(link, level=True)
+        except LevelingError as exc:
+            res["leveling_error"] = str(exc)[:400]
+            # one test burst as the procedure writes and reads it (its own steps, host.leveling._Leveler), to show
+            # what the DFI injector's read registers hold per phase (the port is held again)
+            csr = load_csr_map(p["csr_json"])
+
+            def burst():
+                from host.devices.ecp5 import ControlBus
+
+                dev = ecp5_device(SimSerial(link))
+                dev.connect()
+                with ControlBus(dev.transport.link) as bus:
+                    regs = CSRBus(csr, bus.read_word, bus.write_word)
+                    lv = lvl._Leveler(regs, ECPIX5_PARAMS, None, 0, (1,))
+                    data = lvl._pattern(1, ECPIX5_PARAMS)
+                    cs, we = lvl.DFII_COMMAND_CS, lvl.DFII_COMMAND_WE
+                    cas, ras = lvl.DFII_COMMAND_CAS, lvl.DFII_COMMAND_RAS
+                    regs.write("sdram_dfii_control", lvl.DFII_CONTROL_SOFTWARE)
+                    lv.command(0, ras | cs)                                     # activate bank 0 row 0
+                    for ph, v in enumerate(data):
+                        regs.write(f"sdram_dfii_pi{ph}_wrdata", v)
+                    lv.command(ECPIX5_PARAMS.wrphase, cas | we | cs | lvl.DFII_COMMAND_WRDATA)
+                    lv.command(ECPIX5_PARAMS.rdphase, cas | cs | lvl.DFII_COMMAND_RDDATA)
+                    lv.command(0, ras | we | cs)                                # precharge bank 0
+                    got = [regs.read(f"sdram_dfii_pi{ph}_rddata") for ph in range(ECPIX5_PARAMS.nphases)]
+                    regs.write("sdram_dfii_control", lvl.DFII_CONTROL_SEL)
+                dev.close()
+                return {"wrote": [f"0x{v:016x}" for v in data], "read": [f"0x{v:016x}" for v in got]}
+
+            res["burst"] = await host_call(link, burst)
+            raise
+        assert all(ln["window"] == [0, 7] for ln in res["port_open"]["lanes"]), res["port_open"]["lanes"]
+
+
 @cocotb.test()
 async def uart_path(dut):
     """Through the real serial line (the board's UART at the simulation's divisor): a token before any image,
@@ -614,6 +734,7 @@ async def uart_path(dut):
     link = BoardLink(dut, p)
     with recording() as res:
         res["init_cycles"] = await link.start()
+        res["port_open"] = await open_port(link)
         link.set_uart(True)
         t0 = time.perf_counter()
         res["refused"] = await host_call(link, refused_token, SimSerial(link))
@@ -633,7 +754,7 @@ async def uart_path(dut):
         assert res["board"]["LINK_FRAMING"] == 0, "the board's UART saw bytes without a stop bit"
         assert link.framing_errors == 0 and link._frm.lost == 0, "the testbench's UART lost framing"
         res["bytes_to_board"], res["bytes_from_board"] = link.bytes_to_board, link.bytes_from_board
-        res["sim_cycles"], res["wall_s"] = link.cycles(get_sim_time("ns")), round(time.perf_counter() - t0, 1)
+        res["sim_cycles"], res["wall_s"] = link.cycles(get_sim_time("ps")), round(time.perf_counter() - t0, 1)
 
 
 @cocotb.test()
@@ -644,6 +765,7 @@ async def tiny_model_load_once(dut):
     link = BoardLink(dut, p)
     with recording() as res:
         res["init_cycles"] = await link.start()
+        res["port_open"] = await open_port(link)
         bundle = bundle_of(tuple(p["tiny_shape"]), Path("tiny.mmf"))
         tokens = [3, 0, 17, 60, 9, 9]
         modes = ["logits", "logits", "argmax", "argmax", "logits", "argmax"]
@@ -686,19 +808,21 @@ async def tiny_model_load_once(dut):
         res["csr"] = await host_call(link, control_bus)
         assert res["csr"]["read_back"] == 0x1A5C and res["csr"]["init_done"] == 1, res["csr"]
 
-        # the back door against the board's own CRC: 4 KiB across a row boundary (every bank), then 2 bytes
+        # the back door against the board's own CRC: a span across a row boundary (every bank), then one word
+        # (``backdoor_check``: the ULX3S 4 KiB and 2 bytes, the DDR3 board 32 KiB and 16 bytes)
+        chk, wb = p["backdoor_check"], int(p["geom"]["word_bytes"])
         rng = np.random.default_rng(5)
-        addr = (1 << 24) - 2048
-        blob = rng.bytes(4096)
+        addr, span, patch = int(chk["addr"]), int(chk["bytes"]), int(chk["patch"])
+        blob = rng.bytes(span)
         await link.backdoor_write(addr, blob)
-        odd = rng.bytes(2)
-        await link.backdoor_write(addr + 1002, odd)
+        word = rng.bytes(wb)
+        await link.backdoor_write(addr + patch, word)
         want = bytearray(blob)
-        want[1002:1004] = odd
-        got = await host_call(link, dev.transport.link.dram_crc, addr, 4096)
+        want[patch:patch + wb] = word
+        got = await host_call(link, dev.transport.link.dram_crc, addr, span)
         assert got == zlib.crc32(want), "the back door's words are not where the controller reads them"
         await host_call(link, dev.close)
-        res["backdoor"] = {"addr": addr, "bytes": 4096, "crc": got}
+        res["backdoor"] = {"addr": addr, "bytes": span, "crc": got}
 
 
 @cocotb.test()
@@ -712,6 +836,7 @@ async def faults(dut):
     link = BoardLink(dut, p)
     with recording() as res:
         res["init_cycles"] = await link.start()
+        res["port_open"] = await open_port(link)
         res["refused"] = await host_call(link, refused_token, SimSerial(link))
         bundle = bundle_of(tuple(p["faults_shape"]), Path("faults.mmf"), seed=3)
         layout, _ = dram_contents(bundle.image, bundle.embeddings)
@@ -764,8 +889,10 @@ async def faults(dut):
             off += 1
         bad = bytearray(bundle.image)
         bad[off] ^= 0x01
-        even = off & ~1
-        await link.backdoor_write(layout.image_base + even, bytes(bad[even:even + 2]))
+        wb = int(p["geom"]["word_bytes"])       # the back door writes whole port words: the word around the byte
+        word = (layout.image_base + off) // wb * wb
+        _, bad_data = dram_contents(bytes(bad), bundle.embeddings)
+        await link.backdoor_write(word, bytes(bad_data[word:word + wb]))
         build = BuildParams(**p["build"])
         gold = golden_for(bundle)
         cause, where = golden_cause(bytes(bad), gold.token_packet(7, 0), gold.machine.init_state(), build)
@@ -791,7 +918,7 @@ async def faults(dut):
         assert res["corrupt"]["cause"] == cause.name and res["corrupt"]["where"] == where, res["corrupt"]
         rep = res["corrupt"]["load"]
         assert not rep["skipped"] and rep["blocks_written"] == 1, f"the reload after the corruption: {rep}"
-        assert [a for a, _ in l_commands(link.commands)][0] == (layout.image_base + even) // DRAM_BLOCK_BYTES * \
+        assert [a for a, _ in l_commands(link.commands)][0] == word // DRAM_BLOCK_BYTES * \
             DRAM_BLOCK_BYTES
 
 
@@ -805,6 +932,8 @@ class TokenTiming:
     position: int
     cycles_to_status: int       #: 'T' received -> its 't' sent (the image's last beat has entered the core)
     cycles_to_output: int       #: 'T' received -> the last output frame sent
+    dram_cycles_to_status: int  #: 'T' received -> its 't' sent, in controller cycles (the board's own on the ULX3S)
+    dram_cycles_to_output: int  #: 'T' received -> the last output frame sent, in controller cycles
     dfi: dict = field(default_factory=dict)     #: DFI commands between 'T' and 't'
     bytes_out: int = 0
     bytes_in: int = 0
@@ -842,6 +971,7 @@ async def shipped_model(dut):
     link = BoardLink(dut, p)
     with recording() as res:
         res["init_cycles"] = await link.start()
+        res["port_open"] = await open_port(link)
         bundle = read_bundle(p["shipped_bundle"])
         layout, data = dram_contents(bundle.image, bundle.embeddings)
         t0 = time.perf_counter()
@@ -900,8 +1030,9 @@ async def shipped_model(dut):
                                                      token_timings(link, n_cmd, n_frame), strict=True):
             assert status.body[0] == 0, f"token {rec}: status 0x{status.body[0]:02x}"
             timings.append(TokenTiming(
-                rec["mode"], rec["token"], rec["position"], link.cycles(status.t_ns - cmd.t_ns),
-                link.cycles(last.t_ns - cmd.t_ns), {k: status.monitor[k] - cmd.monitor[k] for k in COUNTS},
+                rec["mode"], rec["token"], rec["position"], link.cycles(status.t_ps - cmd.t_ps),
+                link.cycles(last.t_ps - cmd.t_ps), link.dram_cycles(status.t_ps - cmd.t_ps),
+                link.dram_cycles(last.t_ps - cmd.t_ps), {k: status.monitor[k] - cmd.monitor[k] for k in COUNTS},
                 st["bytes_out"], st["bytes_in"], st["round_trips"], hwc, rec["wall_s"]))
         res.update(out)
         res["timings"] = timings

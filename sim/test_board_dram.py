@@ -1,13 +1,16 @@
-"""cocotb 2 + Verilator: the whole ULX3S DRAM board, driven by the host's own ECP5 driver (issue 22, Verification).
+"""cocotb 2 + Verilator: the whole ULX3S DRAM board, driven by the host's own ECP5 driver (issue 22, Verification);
+the simulated boards' shared machinery (:class:`BoardSim`, :func:`sim_top`, :func:`build_sim`, :func:`run_case`,
+the ``case_*`` checks, :func:`summarise`, :func:`record`), which ``sim/test_board_ddr3.py`` runs on the ECPIX-5's
+DDR3 board.
 
-The simulated board (:func:`sim_top`, top module ``board_dram_sim``) is what ``python -m hw.boards ulx3s-85f``
-builds (:class:`hw.boards.ecp5.DramEcp5Top`) less the PLL and the pins:
+The simulated ULX3S board (:func:`sim_top` of :data:`ULX3S`, top module ``board_dram_sim``) is what
+``python -m hw.boards ulx3s-85f`` builds (:class:`hw.boards.ecp5.DramEcp5Top`) less the PLL and the pins:
 
 - :class:`hw.boards.dram_board.DRAMBoard` with the real core (:class:`hw.top.Accelerator`) at the board's design
-  point (:func:`design_point`: ``hw.boards.ecp5.CHOSEN`` over ``DEFAULT_PARAMS``, 16 lanes and the buffers the
+  point (:func:`ulx3s_design_point`: ``hw.boards.ecp5.CHOSEN`` over ``DEFAULT_PARAMS``, 16 lanes and the buffers the
   bitstream builds), the token builder, the DRAM reader and writer and the argmax tap;
 - behind :class:`hw.boards.ecp5.LinkedDramBoard` (the board's UART receiver, receive FIFO and transmitter) at
-  :data:`SIM_DIVISOR` clock cycles a bit (the bitstream: 25 at 2 Mbaud);
+  8 clock cycles a bit (the design point's ``sim_divisor``; the bitstream: 25 at 2 Mbaud);
 - on :class:`hw.dram.LiteDRAMCore` of the ULX3S config's simulation core (``hw.dram.generate_sim_core``: the real
   LiteDRAM controller, ``SDRAMPHYModel`` with GENSDRPHY's settings and the MT48LC16M16 timings, DFI timing checker
   on; the whole 32 MiB modelled);
@@ -16,8 +19,8 @@ builds (:class:`hw.boards.ecp5.DramEcp5Top`) less the PLL and the pins:
 Two simulation-only additions: a **byte port** (``bp_rx``/``bp_tx``) that replaces the UART's byte streams
 when ``uart_sel`` is low (the board's link bytes at one a clock cycle, for the cases whose transfers the
 UART's 80 cycles a byte make impractical: the tiny model's cases after the first and the faults), and a
-**back door** (``backdoor_load``: ``$readmemh`` of four files into the SDRAM model's bank arrays,
-:data:`BACKDOOR_VERILOG`) through which the shipped model's 7.3 MB image and table are put into DRAM (through
+**back door** (``backdoor_load``: ``$readmemh`` of a file per bank into the DRAM model's bank arrays,
+:meth:`BoardSim.backdoor_verilog`) through which the shipped model's 7.3 MB image and table are put into DRAM (through
 the byte port they would take 7.3 M cycles driven from Python; through the UART at 80 cycles a byte about 580 M).
 Which case uses which path:
 
@@ -55,6 +58,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -66,69 +71,130 @@ from hw import dram
 pytestmark = pytest.mark.sim
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD_ROOT = Path(os.environ.get("MMFREE_SIM_BUILD", ROOT / "sim_build")) / "board_dram"
-TOP = "board_dram_sim"
+BUILD_ROOT = Path(os.environ.get("MMFREE_SIM_BUILD", ROOT / "sim_build"))
 TEST_MODULE = "board_dram_tests"
-PORTS_VLT = Path(__file__).resolve().parent / "board_dram_ports.vlt"
-#: the board whose DRAM top is simulated (a key of hw.boards.ecp5.BOARDS and hw.boards.facts.BOARDS)
-BOARD = "ulx3s-85f"
-#: clock cycles per UART bit in the simulation (the bitstream's 50 MHz / 2 Mbaud is 25)
-SIM_DIVISOR = 8
-#: the link's byte time-out in the simulation, cycles (the bitstream's 2**24 is 0.34 s: a restarted host
-#: waits longer than this before it speaks; the testbench waits that long in simulated time)
-SIM_BYTE_TIMEOUT = 1 << 14
-#: the back door's ``$readmemh`` files (in the run directory), one per SDRAM bank
-BACKDOOR_FILES = tuple(f"backdoor_bank{b}.hex" for b in range(4))
-#: the SDRAM model's bank arrays in the simulation core (``litedram.phy.model.BankModel``'s ``Memory``)
-BANK_ARRAYS = ("mem", "mem_1", "mem_2", "mem_3")
+SIM = Path(__file__).resolve().parent
+#: tiny random models (``accelerator_tests.tiny_model``: hidden, intermediate, layers, vocab): the serial-line
+#: case's (4.5 KB in DRAM, one block), the byte-port case's (13 KB) and the faults' (a 211 KB embedding table:
+#: four 64 KiB blocks, so that a load can stop in the third)
+TINY_SHAPES = {"uart_shape": (7, 11, 1, 13), "tiny_shape": (20, 28, 2, 61), "faults_shape": (48, 96, 1, 1100)}
+#: the shipped model's tokens: the prompt's first tokens with their logits, then greedy argmax-only tokens (the
+#: link's generation mode: each next token is the previous one's argmax)
+SHIPPED_TOKENS = {"shipped_logits_tokens": 2, "shipped_greedy_tokens": 3}
+MODEL = ROOT / "models" / "hgrn-bit-pydoc"
+#: the controller's CSRs the byte-port case reads and writes over the link (``'K'``/``'J'``): the power-up flag,
+#: and a read-write register of the DFI injector that issues nothing when written (both cores have them)
+CSR_CHECKED = ("ddrctrl_init_done", "sdram_dfii_pi0_address")
 
 
-def design_point() -> dict:
+@dataclass(frozen=True)
+class BoardSim:
+    """What differs between the simulated DRAM boards (the rest of this module serves both).
+
+    Attributes
+    ----------
+    board : str
+        The board (a key of ``hw.boards.ecp5.BOARDS`` and ``hw.boards.facts.BOARDS``).
+    top : str
+        The simulated board's Verilog module (and ``sim_build/<top>/``).
+    ports_vlt : Path
+        The Verilator control file that makes the top's ports public.
+    config : Path
+        The LiteDRAM config (``hw.dram.ULX3S_CONFIG``, ``hw.dram.ECPIX5_CONFIG``).
+    design_point : callable
+        ``() -> dict``: the bitstream's settings (:func:`ulx3s_design_point`; ``sim/test_board_ddr3.py``).
+    byte_timeout : int
+        The link's byte time-out in the simulation, cycles (the bitstreams' 2**24 is a third of a second: a
+        restarted host waits longer than this before it speaks; the testbench waits that long in simulated time).
+    bank_arrays : tuple of str
+        The DRAM model's bank arrays in the simulation core (``litedram.phy.model.BankModel``'s ``Memory``).
+    backdoor_check : dict
+        The byte-port case's check of the back door against ``'C'``: ``addr``, ``bytes`` (a span across a row
+        boundary), ``patch`` (offset of one port word written over it).
+    results : str
+        The benchmark's file in ``bench/results/``.
+    hold_port : bool
+        The board holds its DRAM port until the host levels the reads and enables it (the DDR3 board).
+    """
+
+    board: str
+    top: str
+    ports_vlt: Path
+    config: Path
+    design_point: Callable[[], dict]
+    byte_timeout: int
+    bank_arrays: tuple
+    backdoor_check: dict
+    results: str
+    hold_port: bool = False
+
+    @property
+    def backdoor_files(self) -> tuple:
+        """The back door's ``$readmemh`` files (in the run directory), one per bank."""
+        return tuple(f"backdoor_bank{b}.hex" for b in range(len(self.bank_arrays)))
+
+    def backdoor_verilog(self) -> str:
+        """Simulation-only Verilog: ``$readmemh`` of the back-door files into the model's banks (hierarchical
+        references into the simulation core: the top -> ``dram`` (LiteDRAMCore) -> ``litedram``)."""
+        return "\n".join([
+            "// Simulation only (sim/test_board_dram.py): the DRAM model's bank arrays loaded from files.",
+            f"module {self.top}_backdoor(input clk, input [{len(self.bank_arrays) - 1}:0] load);",
+            "  always @(posedge clk) begin",
+            *[f'    if (load[{b}]) $readmemh("{f}", {self.top}.dram.litedram.{a});'
+              for b, (f, a) in enumerate(zip(self.backdoor_files, self.bank_arrays, strict=True))],
+            "  end",
+            "endmodule",
+            ""])
+
+
+def _period_ps(hz: float) -> int:
+    """The simulated clock period: the nearest even number of ps (cocotb's clock splits it into two halves)."""
+    return 2 * round(1e12 / hz / 2)
+
+
+def ulx3s_design_point() -> dict:
     """The ULX3S DRAM bitstream's core build, clock and UART settings, as ``python -m hw.boards ulx3s-85f`` makes
-    them: ``hw.boards.ecp5.CHOSEN[BOARD]`` (lanes, quantize lanes, clock, baud) over ``DEFAULT_PARAMS`` (the
+    them: ``hw.boards.ecp5.CHOSEN["ulx3s-85f"]`` (lanes, quantize lanes, clock, baud) over ``DEFAULT_PARAMS`` (the
     buffers), the clock the PLL makes from the board's oscillator (:class:`hw.boards.ecp5.DramEcp5Top`'s
     ``freq_hz``) and its UART divisor.
 
     Returns
     -------
     dict
-        ``build`` (:class:`hw.params.BuildParams`), ``clock_hz`` (float), ``clock_ns`` (int), ``baud``,
-        ``divisor`` (the bitstream's cycles per bit), ``pll`` (the ``EHXPLLL`` settings).
+        ``build`` (:class:`hw.params.BuildParams`), ``clock_hz`` (float), ``clock_ps`` (int), ``baud``,
+        ``divisor`` (the bitstream's cycles per bit), ``sim_divisor`` (the simulation's: 8, as the bitstream's 25
+        would triple the serial-line case), ``pll`` (the ``EHXPLLL`` settings); ``dram_clock_hz`` and
+        ``dram_clock_ps`` None (one clock).
     """
     from hw.boards import ecp5
 
-    chosen, info = ecp5.CHOSEN[BOARD], ecp5.BOARDS[BOARD]
-    assert chosen["dram"], f"{BOARD}'s chosen build is not the DRAM top"
+    board = "ulx3s-85f"
+    chosen, info = ecp5.CHOSEN[board], ecp5.BOARDS[board]
+    assert chosen["dram"], f"{board}'s chosen build is not the DRAM top"
     core = {**ecp5.DEFAULT_PARAMS, "lanes": chosen["lanes"], "quant_lanes": chosen["quant_lanes"]}
     top = ecp5.DramEcp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=chosen["freq_mhz"] * 1e6,
                            baud=chosen["baud"], dram_config=info.dram_config)
-    period_ns = 1e9 / top.freq_hz
-    assert period_ns == round(period_ns), f"clock period {period_ns} ns is not a whole number of ns"
-    return {"build": top.build, "clock_hz": top.freq_hz, "clock_ns": round(period_ns), "baud": top.baud,
-            "divisor": top.divisor, "pll": dict(top.pll)}
+    period_ps = 1e12 / top.freq_hz
+    assert period_ps == _period_ps(top.freq_hz), f"clock period {period_ps} ps is not a whole even number of ps"
+    return {"build": top.build, "clock_hz": top.freq_hz, "clock_ps": _period_ps(top.freq_hz), "baud": top.baud,
+            "divisor": top.divisor, "sim_divisor": 8, "pll": dict(top.pll), "dram_clock_hz": None,
+            "dram_clock_ps": None}
 
 
-#: Simulation-only Verilog: ``$readmemh`` of the back-door files into the SDRAM model's banks (hierarchical
-#: references into the simulation core: ``board_dram_sim`` -> ``dram`` (LiteDRAMCore) -> ``litedram``)
-BACKDOOR_VERILOG = "\n".join([
-    "// Simulation only (sim/test_board_dram.py): the SDRAM model's bank arrays loaded from files.",
-    f"module board_dram_backdoor(input clk, input [{len(BANK_ARRAYS) - 1}:0] load);",
-    "  always @(posedge clk) begin",
-    *[f'    if (load[{b}]) $readmemh("{f}", {TOP}.dram.litedram.{a});'
-      for b, (f, a) in enumerate(zip(BACKDOOR_FILES, BANK_ARRAYS, strict=True))],
-    "  end",
-    "endmodule",
-    ""])
+ULX3S = BoardSim(
+    board="ulx3s-85f", top="board_dram_sim", ports_vlt=SIM / "board_dram_ports.vlt", config=dram.ULX3S_CONFIG,
+    design_point=ulx3s_design_point, byte_timeout=1 << 14, bank_arrays=("mem", "mem_1", "mem_2", "mem_3"),
+    backdoor_check={"addr": (1 << 24) - 2048, "bytes": 4096, "patch": 1002}, results="board_ulx3s_dram.json")
 
 
-def sim_top():
+def sim_top(spec: BoardSim):
     """The simulated board's class (built lazily: it needs Amaranth and a generated simulation core)."""
-    from amaranth.hdl import ClockSignal, Instance, Module, Mux
+    from amaranth.hdl import ClockSignal, DomainRenamer, Instance, Module, Mux
     from amaranth.lib import fifo, stream, wiring
     from amaranth.lib.wiring import In, Out
 
     from hw.boards.dram_board import DRAMBoard
-    from hw.boards.ecp5 import LinkedDramBoard
+    from hw.boards.ecp5 import Ddr3Crossings, LinkedDramBoard
 
     class LinkSelect(wiring.Component):
         """What :class:`LinkedDramBoard` takes for the board (``rx``, ``tx``, ``rx_overflow``, ``framing``),
@@ -156,22 +222,28 @@ def sim_top():
             return m
 
     class BoardDRAMSim(wiring.Component):
-        """The ULX3S DRAM board less PLL and pins, with a byte port and a back door (module docstring).
+        """A DRAM board less PLLs and pins, with a byte port and a back door (module docstring).
+
+        One clock (the ULX3S, :class:`hw.boards.ecp5.DramEcp5Top`): the board and the controller in ``sync``.
+        Two (the DDR3 board, :class:`hw.boards.ecp5.Ddr3Ecp5Top`): the board in ``sync``, the controller in
+        ``dram`` (the top's ports ``dram_clk``/``dram_rst``), between them the top's :class:`Ddr3Crossings`,
+        the board and the controller holding the port until the host enables it.
 
         Members
         -------
         uart_rx : In(1), uart_tx : Out(1)
-            The serial lines (idle high), :data:`SIM_DIVISOR` cycles a bit.
+            The serial lines (idle high), the design point's ``sim_divisor`` cycles a bit.
         uart_sel : In(1)
             1: the board's link bytes come from and go to the UART; 0: the byte port.
         bp_rx : In(stream.Signature(8)), bp_tx : Out(stream.Signature(8))
             The byte port, each through a small FIFO (``ready`` and ``valid`` depend on its state only).
-        backdoor_load : In(4)
-            Bit ``b`` high for a cycle: ``$readmemh`` of ``BACKDOOR_FILES[b]`` into the SDRAM model's bank ``b``.
+        backdoor_load : In(banks)
+            Bit ``b`` high for a cycle: ``$readmemh`` of the bank's back-door file into the model's bank ``b``.
         init_done, init_error, irq, overflow : Out(1)
-            The controller's power-up status, the board's ``irq``, the UART's receive overflow.
+            The controller's power-up status as the board sees it (through the synchronizers where two clocks),
+            the board's ``irq``, the UART's receive overflow.
         monitor : Out(hw.dram.sim_monitor_layout())
-            DFI command counters of the SDRAM model.
+            DFI command counters of the DRAM model (the controller's clock).
         """
 
         def __init__(self, core: dram.GeneratedCore, point: dict):
@@ -179,20 +251,39 @@ def sim_top():
             byte = stream.Signature(8)
             super().__init__({
                 "uart_rx": In(1, init=1), "uart_tx": Out(1, init=1), "uart_sel": In(1), "bp_rx": In(byte),
-                "bp_tx": Out(byte), "backdoor_load": In(len(BANK_ARRAYS)), "init_done": Out(1),
+                "bp_tx": Out(byte), "backdoor_load": In(len(spec.bank_arrays)), "init_done": Out(1),
                 "init_error": Out(1), "irq": Out(1), "overflow": Out(1), "monitor": Out(dram.sim_monitor_layout())})
 
         def elaborate(self, platform):
             m = Module()
             core, point = self._core, self._point
-            m.submodules.dram = ctl = dram.LiteDRAMCore(core)
-            m.submodules.board = board = DRAMBoard(build=point["build"], addr_width=core.addr_width,
-                                                   port_width=core.data_width, clock_hz=round(point["clock_hz"]),
-                                                   byte_timeout=SIM_BYTE_TIMEOUT)
+            params = {"build": point["build"], "addr_width": core.addr_width, "port_width": core.data_width,
+                      "clock_hz": round(point["clock_hz"]), "byte_timeout": spec.byte_timeout}
+            if spec.hold_port:
+                params["hold_port"] = True
+            m.submodules.board = board = DRAMBoard(**params)
             select = LinkSelect()
-            m.submodules.linked = linked = LinkedDramBoard(select, divisor=SIM_DIVISOR)
-            wiring.connect(m, board.port, ctl.port)
-            wiring.connect(m, board.ctrl, ctl.ctrl)     # link version 3, as DramEcp5Top
+            m.submodules.linked = linked = LinkedDramBoard(select, divisor=point["sim_divisor"])
+            ctl = dram.LiteDRAMCore(core, hold_port=spec.hold_port)
+            if point["dram_clock_hz"] is None:      # one clock: as DramEcp5Top
+                m.submodules.dram = ctl
+                wiring.connect(m, board.port, ctl.port)
+                wiring.connect(m, board.ctrl, ctl.ctrl)     # link version 3
+                m.d.comb += [board.dram_ready.eq(ctl.init_done), board.dram_error.eq(ctl.init_error),
+                             ctl.port_enable.eq(board.port_enable)]
+                done, error = ctl.init_done, ctl.init_error
+            else:                                   # two clocks: as Ddr3Ecp5Top, through its crossings
+                m.submodules.dram = DomainRenamer("dram")(ctl)
+                m.submodules.crossings = x = Ddr3Crossings(core.addr_width, core.data_width,
+                                                           depth=point["cdc_depth"])
+                wiring.connect(m, board.port, x.port)
+                wiring.connect(m, board.ctrl, x.ctrl)
+                wiring.connect(m, x.dram_port, ctl.port)
+                wiring.connect(m, x.dram_ctrl, ctl.ctrl)
+                m.d.comb += [x.port_enable.eq(board.port_enable), ctl.port_enable.eq(x.dram_port_enable),
+                             x.init_done.eq(ctl.init_done), x.init_error.eq(ctl.init_error), x.pll_locked.eq(1),
+                             board.dram_ready.eq(x.dram_ready), board.dram_error.eq(x.dram_error)]
+                done, error = x.dram_ready, x.dram_error
             wiring.connect(m, select.board_rx, board.rx)
             wiring.connect(m, board.tx, select.board_tx)
             m.submodules.bp_rx_fifo = rx_fifo = fifo.SyncFIFOBuffered(width=8, depth=4)
@@ -201,13 +292,12 @@ def sim_top():
             wiring.connect(m, rx_fifo.r_stream, select.bp_rx)
             wiring.connect(m, select.bp_tx, tx_fifo.w_stream)
             wiring.connect(m, tx_fifo.r_stream, wiring.flipped(self.bp_tx))
-            m.submodules.backdoor = Instance("board_dram_backdoor", i_clk=ClockSignal(), i_load=self.backdoor_load)
+            clk = ClockSignal("sync" if point["dram_clock_hz"] is None else "dram")
+            m.submodules.backdoor = Instance(f"{spec.top}_backdoor", i_clk=clk, i_load=self.backdoor_load)
             m.d.comb += [
                 linked.rx.eq(self.uart_rx), self.uart_tx.eq(linked.tx), select.uart_sel.eq(self.uart_sel),
                 board.rx_overflow.eq(select.board_rx_overflow), board.framing.eq(select.board_framing),
-                board.dram_ready.eq(ctl.init_done), board.dram_error.eq(ctl.init_error),
-                ctl.port_enable.eq(board.port_enable), self.init_done.eq(ctl.init_done),
-                self.init_error.eq(ctl.init_error), self.irq.eq(board.irq),
+                self.init_done.eq(done), self.init_error.eq(error), self.irq.eq(board.irq),
                 self.overflow.eq(linked.overflow), self.monitor.eq(ctl.monitor),
             ]
             return m
@@ -216,63 +306,71 @@ def sim_top():
 
 
 # ------------------------------------------------------------------------------------------- build
-def build_root(core: dram.GeneratedCore, point: dict) -> Path:
-    """``sim_build/board_dram/<key>``: the key hashes every ``hw/**/*.py``, this file's simulated board, the
-    control file, the core, the design point, Amaranth's version and the Verilator arguments."""
+def build_root(spec: BoardSim, core: dram.GeneratedCore, point: dict) -> Path:
+    """``sim_build/<top>/<key>``: the key hashes every ``hw/**/*.py``, this file's simulated board, the control
+    file, the core, the design point, Amaranth's version and the Verilator arguments."""
     import amaranth
 
     h = hashlib.sha256()
     for p in sorted((ROOT / "hw").rglob("*.py")):
         h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(inspect.getsource(sim_top).encode())
-    h.update(BACKDOOR_VERILOG.encode())
-    h.update(PORTS_VLT.read_bytes())
+    h.update(spec.backdoor_verilog().encode())
+    h.update(spec.ports_vlt.read_bytes())
     h.update(json.dumps([core.directory.name, amaranth.__version__, BUILD_ARGS, point["build"].gateware(),
-                         point["clock_hz"], SIM_DIVISOR, SIM_BYTE_TIMEOUT]).encode())
-    return BUILD_ROOT / h.hexdigest()[:16]
+                         point["clock_hz"], point["dram_clock_hz"], point["sim_divisor"], spec.byte_timeout,
+                         spec.hold_port]).encode())
+    return BUILD_ROOT / spec.top / h.hexdigest()[:16]
 
 
-@pytest.fixture(scope="module")
-def built():
-    """(simulator build folder, core, design point, environment): :func:`build_sim`, or a skip with the reason."""
-    if os.environ.get("SIM", "verilator").lower() != "verilator":
-        pytest.skip("the whole-board simulation runs under Verilator only (the 32 MiB SDRAM model)")
-    if not dram.litedram_available():
-        pytest.skip("LiteDRAM is not installed: pip install -e '.[dram]'")
-    return build_sim(verilator_env())
+def built_fixture(spec: BoardSim):
+    """The module-scoped ``built`` fixture of a board's test file: :func:`build_sim`, or a skip with the reason."""
+
+    @pytest.fixture(scope="module")
+    def built():
+        if os.environ.get("SIM", "verilator").lower() != "verilator":
+            pytest.skip("the whole-board simulations run under Verilator only (the DRAM models' whole arrays)")
+        if not dram.litedram_available():
+            pytest.skip("LiteDRAM is not installed: pip install -e '.[dram]'")
+        return build_sim(spec, verilator_env())
+
+    return built
 
 
-def build_sim(env: dict) -> tuple:
-    """The simulated board's Verilog and its Verilator build, cached in ``sim_build/board_dram/<key>/`` (a lock
-    file serialises concurrent sessions on one key); returns (simulator build folder, core, design point,
-    environment)."""
-    core = dram.generate_sim_core()
-    point = design_point()
-    root = build_root(core, point)
+built = built_fixture(ULX3S)
+
+
+def build_sim(spec: BoardSim, env: dict) -> tuple:
+    """The simulated board's Verilog and its Verilator build, cached in ``sim_build/<top>/<key>/`` (a lock file
+    serialises concurrent sessions on one key); returns (simulator build folder, core, design point,
+    environment, spec)."""
+    core = dram.generate_sim_core(spec.config)
+    point = spec.design_point()
+    root = build_root(spec, core, point)
     root.mkdir(parents=True, exist_ok=True)
     sim_dir = root / "verilator"
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (sim_dir / ".built").exists():
             meta = {}
-            vfile, bfile = root / f"{TOP}.v", root / "board_dram_backdoor.v"
+            vfile, bfile = root / f"{spec.top}.v", root / f"{spec.top}_backdoor.v"
             if not vfile.exists():
                 from amaranth.back import verilog
 
                 t0 = time.perf_counter()
-                text = verilog.convert(sim_top()(core, point), name=TOP)
+                text = verilog.convert(sim_top(spec)(core, point), name=spec.top)
                 vfile.with_suffix(".tmp").write_text(text)
                 vfile.with_suffix(".tmp").replace(vfile)
                 meta["convert_s"] = round(time.perf_counter() - t0, 1)
-            bfile.write_text(BACKDOOR_VERILOG)
+            bfile.write_text(spec.backdoor_verilog())
             if sim_dir.exists():
                 shutil.rmtree(sim_dir)
             log = root / "build.log"
             t0 = time.perf_counter()
             with _environ(**env):
                 try:
-                    _runner().build(sources=[vfile, bfile, *core.verilog], hdl_toplevel=TOP, build_dir=sim_dir,
-                                    build_args=[*BUILD_ARGS, str(PORTS_VLT)], timescale=("1ns", "1ps"),
+                    _runner().build(sources=[vfile, bfile, *core.verilog], hdl_toplevel=spec.top, build_dir=sim_dir,
+                                    build_args=[*BUILD_ARGS, str(spec.ports_vlt)], timescale=("1ns", "1ps"),
                                     log_file=log)
                 except (RuntimeError, SystemExit) as e:
                     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
@@ -280,27 +378,30 @@ def build_sim(env: dict) -> tuple:
             meta["build_s"] = round(time.perf_counter() - t0, 1)
             (root / "build.json").write_text(json.dumps(meta) + "\n")
             (sim_dir / ".built").write_text("ok\n")
-    return sim_dir, core, point, env
+    return sim_dir, core, point, env, spec
 
 
 def run_case(built, testcase: str, **params) -> dict:
     """Run the cocotb test ``testcase`` of ``board_dram_tests``; returns its results JSON
     (``MMFREE_BOARD_RESULT``) with ``wall_s`` and the simulator's log text (``log``)."""
-    sim_dir, core, point, env = built
+    sim_dir, core, point, env, spec = built
     run_dir = sim_dir / "runs" / testcase
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     result, log = run_dir / "result.json", run_dir / "sim.log"
-    params = {"clock_ns": point["clock_ns"], "clock_hz": point["clock_hz"], "divisor": SIM_DIVISOR,
-              "byte_timeout": SIM_BYTE_TIMEOUT, "backdoor_files": BACKDOOR_FILES, "build": point["build"].gateware(),
-              "geom": geometry(), "csr": {k: core.csr[k] for k in CSR_CHECKED}, **TINY_SHAPES, **params}
+    params = {"clock_ps": point["clock_ps"], "dram_clock_ps": point["dram_clock_ps"], "divisor": point["sim_divisor"],
+              "byte_timeout": spec.byte_timeout, "backdoor_files": spec.backdoor_files,
+              "build": point["build"].gateware(), "geom": geometry(spec.config), "hold_port": spec.hold_port,
+              "csr_json": str(core.directory / "csr.json"), "backdoor_check": spec.backdoor_check,
+              "csr": {k: core.csr[k] for k in CSR_CHECKED}, "init_cycles_max": 100_000, **TINY_SHAPES,
+              **params}
     extra = {"MMFREE_BOARD_RESULT": str(result), "MMFREE_BOARD_PARAMS": json.dumps(params),
              "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "INFO")}
     t0 = time.perf_counter()
     with _environ(**env):
         try:
-            _runner().test(test_module=TEST_MODULE, hdl_toplevel=TOP, build_dir=sim_dir, test_dir=run_dir,
+            _runner().test(test_module=TEST_MODULE, hdl_toplevel=spec.top, build_dir=sim_dir, test_dir=run_dir,
                            test_filter=rf"^{TEST_MODULE}\.{testcase}$", hdl_toplevel_lang="verilog", extra_env=extra,
                            timescale=("1ns", "1ps"), log_file=log)
         except SystemExit as e:
@@ -315,30 +416,23 @@ def run_case(built, testcase: str, **params) -> dict:
     return out
 
 
-
 # ------------------------------------------------------------------------------------------- cases
-#: tiny random models (``accelerator_tests.tiny_model``: hidden, intermediate, layers, vocab): the serial-line
-#: case's (4.5 KB in DRAM, one block), the byte-port case's (13 KB) and the faults' (a 211 KB embedding table:
-#: four 64 KiB blocks, so that a load can stop in the third)
-TINY_SHAPES = {"uart_shape": (7, 11, 1, 13), "tiny_shape": (20, 28, 2, 61), "faults_shape": (48, 96, 1, 1100)}
-#: the shipped model's tokens: the prompt's first tokens with their logits, then greedy argmax-only tokens (the
-#: link's generation mode: each next token is the previous one's argmax)
-SHIPPED_TOKENS = {"shipped_logits_tokens": 2, "shipped_greedy_tokens": 3}
-MODEL = ROOT / "models" / "hgrn-bit-pydoc"
-#: the controller's CSRs the byte-port case reads and writes over the link (``'K'``/``'J'``): the power-up flag,
-#: and a read-write register of the DFI injector that issues nothing when written
-CSR_CHECKED = ("ddrctrl_init_done", "sdram_dfii_pi0_address")
-
-
 @functools.cache
-def geometry() -> dict:
-    """The simulation core's geometry (bank, row and column bits) for the back door; its address mapping must
-    be ``ROW_BANK_COL`` (word address = row, bank, column)."""
-    s = dram.sim_settings()
+def geometry(config: Path) -> dict:
+    """The simulation core's geometry for the back door: bank, row and column bits, the port word's bytes, the
+    columns a port word spans (``col_align``: log2 of them) and the model's index shift (``model_shift``: its
+    bank arrays hold ``rows x columns >> model_shift`` words). The address mapping must be ``ROW_BANK_COL``
+    (port word address = row, bank, column word)."""
+    s = dram.sim_settings(config)
     mapping = s["controller"].address_mapping
     assert mapping == "ROW_BANK_COL", f"the back door assumes ROW_BANK_COL, the controller maps {mapping}"
     g = s["geom"]
-    return {"bankbits": g.bankbits, "rowbits": g.rowbits, "colbits": g.colbits}
+    addr_width, data_width = dram.port_geometry(s["controller"])
+    banks, per_bank = 2 ** g.bankbits, s["model_words"] >> g.bankbits
+    shift = (g.rowbits + g.colbits) - (per_bank.bit_length() - 1)
+    assert per_bank == 1 << (g.rowbits + g.colbits - shift), (banks, per_bank)
+    return {"bankbits": g.bankbits, "rowbits": g.rowbits, "colbits": g.colbits, "word_bytes": data_width // 8,
+            "col_align": g.colbits - (addr_width - g.rowbits - g.bankbits), "model_shift": shift}
 
 
 def _no_violation(r: dict) -> None:
@@ -346,7 +440,8 @@ def _no_violation(r: dict) -> None:
     assert not bad, "DFI timing checker:\n" + "\n".join(bad[:20])
 
 
-def test_uart_path(built):
+# ------------------------------------------------------------------------------------------- the cases, per board
+def case_uart_path(built) -> dict:
     """The real serial line: a token before any image (NO_IMAGE, the driver's DeviceError, no output), the tiny
     model loaded through it by the driver, a token with logits and an argmax-only one bit-exact."""
     r = run_case(built, "uart_path")
@@ -354,25 +449,42 @@ def test_uart_path(built):
     assert r["refused"]["status"] == 1
     assert r["load"]["blocks_written"] == r["load"]["blocks_total"] == 1
     assert [t["mode"] for t in r["tokens"]] == ["logits", "argmax"]
+    return r
 
 
-def test_tiny_model_load_once(built):
+def case_tiny_model_load_once(built) -> dict:
     """Byte port: load once (all blocks, CRC compared), tokens in both modes bit-exact, a second connect skips
-    the load and writes nothing, the back door agrees with the board's CRC."""
+    the load and writes nothing, the controller's CSRs read and written over the link, the back door agrees with
+    the board's CRC."""
     r = run_case(built, "tiny_model_load_once")
     _no_violation(r)
     assert not r["first"]["load"]["skipped"] and r["second"]["load"]["skipped"]
     assert len(r["first"]["tokens"]) == 6 and len(r["second"]["tokens"]) == 3
     assert r["csr"] == {"init_done": 1, "written": 0x1A5C, "read_back": 0x1A5C}, r["csr"]
+    return r
 
 
-def test_faults(built):
+def case_faults(built) -> dict:
     """Byte port: a token before any image; a link dropped mid-load, restarted, only the missing blocks written;
     a corrupted image word caught by the weight CRC (CoreError), reloaded, the next tokens right."""
     r = run_case(built, "faults")
     _no_violation(r)
     assert r["corrupt"]["cause"] == "WEIGHT_CRC"
     assert r["restart"]["load"]["blocks_written"] == r["drop"]["blocks"] - r["drop"]["dropped_in_block"]
+    return r
+
+
+def case_shipped_model(built, tmp_path: Path) -> tuple:
+    """The shipped model in DRAM by the back door, the driver skips the load, tokens bit-exact with the golden
+    device, refresh during them, no DFI timing violation; returns (the run, :func:`summarise` of it, the load
+    average at its start)."""
+    load0 = os.getloadavg()
+    r = run_case(built, "shipped_model", shipped_bundle=str(shipped_bundle(tmp_path / "shipped.mmf")),
+                 **SHIPPED_TOKENS)
+    _no_violation(r)
+    bench = summarise(r, built)
+    assert bench["refresh_commands_during_tokens"] > 0
+    return r, bench, load0
 
 
 def shipped_bundle(out: Path) -> Path:
@@ -384,17 +496,26 @@ def shipped_bundle(out: Path) -> Path:
     return out
 
 
+def test_uart_path(built):
+    """:func:`case_uart_path` on the ULX3S board."""
+    case_uart_path(built)
+
+
+def test_tiny_model_load_once(built):
+    """:func:`case_tiny_model_load_once` on the ULX3S board."""
+    case_tiny_model_load_once(built)
+
+
+def test_faults(built):
+    """:func:`case_faults` on the ULX3S board."""
+    case_faults(built)
+
+
 @pytest.mark.slow
 def test_shipped_model(built, tmp_path):
-    """The shipped model in DRAM by the back door, the driver skips the load, tokens bit-exact with the golden
-    device, refresh during them, no DFI timing violation; the read efficiency during tokens >= 85 % (issue 22).
+    """:func:`case_shipped_model` on the ULX3S board; the read efficiency during tokens >= 85 % (issue 22).
     ``MMFREE_DRAM_BENCH=1`` writes ``bench/results/board_ulx3s_dram.json``."""
-    load0 = os.getloadavg()
-    r = run_case(built, "shipped_model", shipped_bundle=str(shipped_bundle(tmp_path / "shipped.mmf")),
-                 **SHIPPED_TOKENS)
-    _no_violation(r)
-    bench = summarise(r, built)
-    assert bench["refresh_commands_during_tokens"] > 0
+    r, bench, load0 = case_shipped_model(built, tmp_path)
     assert bench["dram_read_efficiency"] >= 0.85, f"read efficiency {bench['dram_read_efficiency']:.3f} < 85 %"
     if os.environ.get("MMFREE_DRAM_BENCH"):
         record(bench, r, built, load0)
@@ -402,27 +523,36 @@ def test_shipped_model(built, tmp_path):
 
 # ------------------------------------------------------------------------------------------- benchmark
 #: the link model (``model``, not simulated): 8N1 at the bitstream's rate, and a USB round trip per reply the host
-#: waits for, the FT231X's latency timer at 1 ms (``host.devices.ecp5.set_ftdi_latency``)
+#: waits for, the FTDI bridge's latency timer at 1 ms (``host.devices.ecp5.set_ftdi_latency``)
 USB_LATENCY_S = 1e-3
 BITS_PER_BYTE = 10
 
 
+def peak_bytes_per_cycle(config: Path) -> float:
+    """The DRAM's peak, bytes per controller cycle: one port word (one DFI read: a burst) every tCCD cycles:
+    2 bytes on the ULX3S's SDRAM (16 bits, tCCD 1), 8 on the ECPIX-5's DDR3 (a 16-byte BL8 burst, tCCD 2 at rate
+    1:2: 16 bits x 2 transfers x 2 DRAM clocks a cycle)."""
+    s = dram.sim_settings(config)
+    return dram.port_geometry(s["controller"])[1] // 8 / s["timing"].tCCD
+
+
 def summarise(r: dict, built) -> dict:
-    """Per-token figures of the shipped-model run: cycles, DRAM read efficiency (bytes delivered per controller
-    cycle from ``'T'`` received to ``'t'`` sent, over the peak of ``data_width / 8`` bytes a cycle), refresh, link
-    bytes and round trips, and tokens/s end to end (simulated cycles at the bitstream's clock plus the link
-    model)."""
-    _, core, point, _ = built
-    peak = core.data_width // 8
+    """Per-token figures of the shipped-model run: cycles in the board's and the controller's clock, DRAM read
+    efficiency (bytes read per controller cycle from ``'T'`` received to ``'t'`` sent, over
+    :func:`peak_bytes_per_cycle`), refresh, link bytes and round trips, and tokens/s end to end (simulated cycles at
+    the bitstream's clock plus the link model)."""
+    _, core, point, _, spec = built
+    word = core.data_width // 8
+    peak = peak_bytes_per_cycle(spec.config)
     f = point["clock_hz"]
     rows = []
     for t in r["timings"]:
-        rd_bytes = t["dfi"]["rd_count"] * peak
+        rd_bytes = t["dfi"]["rd_count"] * word
         wire_s = (t["bytes_out"] + t["bytes_in"]) * BITS_PER_BYTE / point["baud"]
         usb_s = t["round_trips"] * USB_LATENCY_S
         board_s = t["cycles_to_output"] / f
         rows.append({**t, "read_bytes": rd_bytes,
-                     "read_efficiency": round(rd_bytes / t["cycles_to_status"] / peak, 4),
+                     "read_efficiency": round(rd_bytes / t["dram_cycles_to_status"] / peak, 4),
                      "board_s": board_s, "link_wire_s": wire_s, "link_usb_s": usb_s,
                      "tokens_per_s": round(1 / (board_s + wire_s + usb_s), 2)})
     greedy = [x for x in rows if x["mode"] == "argmax"]
@@ -435,9 +565,12 @@ def summarise(r: dict, built) -> dict:
         "tokens": rows,
         "dram_read_efficiency": round(mean("read_efficiency", rows), 4),
         "dram_read_efficiency_min": min(x["read_efficiency"] for x in rows),
+        "peak_bytes_per_cycle": peak,
         "refresh_commands_during_tokens": sum(x["dfi"]["ref_count"] for x in rows),
         "cycles_per_token": round(mean("cycles_to_output")),
         "cycles_to_status": round(mean("cycles_to_status")),
+        "dram_cycles_per_token": round(mean("dram_cycles_to_output")),
+        "dram_cycles_to_status": round(mean("dram_cycles_to_status")),
         "core_cycles_counter": round(mean("hw_cycles")),
         "link_bytes_per_token": round(mean("bytes_out") + mean("bytes_in")),
         "round_trips_per_token": round(mean("round_trips"), 2),
@@ -449,31 +582,40 @@ def summarise(r: dict, built) -> dict:
     }
 
 
-def record(bench: dict, r: dict, built, load0) -> Path:
-    """``bench/results/board_ulx3s_dram.json`` (bench/_common.py conventions)."""
+def record(bench: dict, r: dict, built, load0, *, extra: dict | None = None,
+           goal_tokens_per_s: float | None = 40.0) -> Path:
+    """``bench/results/<spec.results>`` (bench/_common.py conventions); ``extra`` adds or replaces fields (the
+    DDR3 board's clocks, its leveling)."""
     import sys
 
     sys.path.insert(0, str(ROOT))
     from bench._common import RESULTS, provenance, write_json
 
-    _, core, point, _ = built
-    s = dram.sim_settings()
+    _, core, point, _, spec = built
+    s = dram.sim_settings(spec.config)
     lay = r["layout"]
     eff, tps = bench["dram_read_efficiency"], bench["tokens_per_s"]
+    peak = peak_bytes_per_cycle(spec.config)
+    word = core.data_width // 8
+    test_file = "sim/test_board_dram.py" if spec is ULX3S else "sim/test_board_ddr3.py"
+    name = spec.results.removesuffix(".json")
+    goal = {"dram_read_efficiency": 0.85, "met": eff >= 0.85}
+    if goal_tokens_per_s is not None:
+        goal = {**goal, "tokens_per_s": goal_tokens_per_s, "met": eff >= 0.85 and tps >= goal_tokens_per_s}
     report = {
-        **provenance("board_ulx3s_dram"),
-        "command_short": "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_dram.py -k shipped_model",
+        **provenance(name),
+        "command_short": f"MMFREE_DRAM_BENCH=1 python -m pytest -m sim {test_file} -k shipped_model",
         "source": "whole-board simulation (cocotb + Verilator, LiteDRAM controller + SDRAMPHYModel)",
         "status": "simulated (cycles of the simulated board; the link's time is a model)",
-        "test": "sim/test_board_dram.py::test_shipped_model",
+        "test": f"{test_file}::test_shipped_model",
         "loadavg_start": [round(x, 2) for x in load0],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "board": BOARD,
+        "board": spec.board,
         "design_point": point["build"].gateware(),
-        "clock": {"simulated_hz": point["clock_hz"], "period_ns": point["clock_ns"],
+        "clock": {"simulated_hz": point["clock_hz"], "period_ps": point["clock_ps"],
                   "bitstream_pll": point["pll"],
                   "source": "hw.boards.ecp5.CHOSEN and DramEcp5Top: the EHXPLLL's CLKOP, core and controller"},
-        "config": str(dram.ULX3S_CONFIG.relative_to(ROOT)),
+        "config": str(spec.config.relative_to(ROOT)),
         "sim_core": core.directory.name,
         **dram.settings_record(s),
         "timing_checker": s["timing_checker"],
@@ -490,10 +632,10 @@ def record(bench: dict, r: dict, built, load0) -> Path:
         "refresh_interval_max_cycles": r["ref_max_gap"],
         "dram_read_efficiency": eff,
         "dram_read_efficiency_min": bench["dram_read_efficiency_min"],
-        "peak_bytes_per_cycle": core.data_width // 8,
-        "efficiency_definition": "DRAM bytes read (DFI read commands x 2 bytes) per controller cycle from the 'T' "
-                                 "command's last byte in to the 't' reply's last byte out (the image's last beat "
-                                 "has entered the core), over the peak of 2 bytes per cycle; all tokens",
+        "peak_bytes_per_cycle": peak,
+        "efficiency_definition": f"DRAM bytes read (DFI read commands x {word} bytes) per controller cycle from the "
+                                 f"'T' command's last byte in to the 't' reply's last byte out (the image's last "
+                                 f"beat has entered the core), over the peak of {peak:g} bytes per cycle; all tokens",
         "cycles_per_token": bench["cycles_per_token"],
         "cycles_per_token_definition": "argmax-only tokens: 'T' received to the last output frame sent",
         "cycles_to_status": bench["cycles_to_status"],
@@ -501,7 +643,7 @@ def record(bench: dict, r: dict, built, load0) -> Path:
         "link_model": {
             "status": "model", "baud": point["baud"], "bits_per_byte": BITS_PER_BYTE,
             "usb_round_trip_s": USB_LATENCY_S,
-            "usb_round_trip_basis": "the FT231X's latency timer at 1 ms (host.devices.ecp5.set_ftdi_latency): a "
+            "usb_round_trip_basis": "the FTDI bridge's latency timer at 1 ms (host.devices.ecp5.set_ftdi_latency): a "
                                     "reply shorter than a USB packet waits for it",
             "bytes_per_token": bench["link_bytes_per_token"], "round_trips_per_token": bench["round_trips_per_token"],
             "link_s_per_token": round(bench["link_s_per_token"], 6),
@@ -511,15 +653,16 @@ def record(bench: dict, r: dict, built, load0) -> Path:
         "tokens_per_s_definition": "greedy (argmax-only) tokens: 1 / (cycles per token / clock + link model)",
         "tokens_per_s_logits": bench["tokens_per_s_logits"],
         "tokens": bench["tokens"],
-        "goal": {"dram_read_efficiency": 0.85, "tokens_per_s": 40.0, "met": eff >= 0.85 and tps >= 40.0},
+        "goal": goal,
         "sim": {"wall_s": r["wall_s"], "backdoor": r["backdoor"], "load_wall_s": r["load_wall_s"],
                 "host_wall_s": r["host_wall_s"], "lscpu_model_name": _lscpu_model(),
                 "note": "wall times of this run on its machine (shared); a token's wall time includes the golden "
                         "device's run of it",
                 "cycles_per_wall_s": round(sum(x["cycles_to_output"] for x in bench["tokens"])
                                            / sum(x["sim_wall_s"] for x in bench["tokens"]))},
+        **(extra or {}),
     }
-    return write_json(RESULTS / "board_ulx3s_dram.json", report)
+    return write_json(RESULTS / spec.results, report)
 
 
 def _lscpu_model() -> str | None:

@@ -1,0 +1,191 @@
+"""cocotb 2 + Verilator: the whole ECPIX-5 DDR3 board, driven by the host's own ECP5 driver (issue 23).
+
+The simulated board (top module ``board_ddr3_sim``, ``test_board_dram.sim_top``) is the logic of
+:class:`hw.boards.ecp5.Ddr3Ecp5Top` less its two PLLs and the pins, built from the top's own pieces:
+
+- :class:`hw.boards.dram_board.DRAMBoard` at the controller's 128-bit port with ``hold_port=True`` and the core of the
+  DDR3 bitstream being built (:func:`ddr3_design_point`: 40 lanes, 4 quantize lanes, over ``DEFAULT_PARAMS``),
+  behind :class:`hw.boards.ecp5.LinkedDramBoard` (the board's UART) at the bitstream's divisor, 6 cycles a bit
+  (72 MHz / 12 Mbaud), in the ``sync`` domain at 72 MHz;
+- :class:`hw.boards.ecp5.Ddr3Crossings` (``NativePortCDC`` of the top's depth, ``WishboneCDC``, the
+  synchronizers) between it and
+- :class:`hw.dram.LiteDRAMCore` (``hold_port=True``) of the ECPIX-5 config's simulation core
+  (``hw.dram.generate_sim_core(ECPIX5_CONFIG)``: the real LiteDRAM controller, ``SDRAMPHYModel`` with ECP5DDRPHY's
+  settings at rate 1:2, ``MT41K256M16_4Gb`` timings, DFI timing checker on, the whole 512 MiB modelled) in the
+  ``dram`` domain at 75 MHz (the top's ports ``dram_clk``/``dram_rst``), a clock unrelated to ``sync``.
+
+The clocks are the bitstream's: :class:`hw.boards.ecp5.Ddr3Ecp5Top` computes the core's PLL (100 MHz x 18 / 25 /
+11 = 72 MHz exactly) and the controller's clock from the config (75 MHz); the simulation runs them at the nearest
+even picoseconds (13,888 and 13,334 ps).
+
+Every case starts as the board does after configuration: the port held (a token refused ``NOT_READY``), then
+enabled by the host's ``BoardReg.PORT_ENABLE`` write, the last step of the driver's leveling
+(``board_dram_tests.open_port``). The leveling itself (``host.leveling`` over ``'K'``/``'J'`` through the crossing)
+finds no working tap against the simulation core: :func:`test_read_leveling` records that as an expected failure.
+Then the ULX3S's cases, the same code (``test_board_dram.case_*``): the serial line at the bitstream's divisor, load
+once with the controller's CSRs read and written over ``'K'``/``'J'`` through the crossing and the back door checked
+against ``'C'``, the faults, and the shipped model by the back door with its benchmark (``MMFREE_DRAM_BENCH=1``:
+``bench/results/board_ecpix5_ddr3.json``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_board_dram import (
+    SIM,
+    BoardSim,
+    _period_ps,
+    built_fixture,
+    case_faults,
+    case_shipped_model,
+    case_tiny_model_load_once,
+    case_uart_path,
+    record,
+    run_case,
+)
+
+from hw import dram
+
+pytestmark = pytest.mark.sim
+
+#: The DDR3 bitstream being built (``python -m hw.boards ecpix5-85f --dram --freq-mhz 72 --lanes 40 --seed 1
+#: --quant-lanes 4 --baud 12000000``): ``hw.boards.ecp5.CHOSEN`` still names the ECPIX-5's stream top until a DDR3
+#: bitstream is committed, so its settings are stated here
+DDR3_BUILD = {"lanes": 40, "quant_lanes": 4, "freq_mhz": 72.0, "baud": 12_000_000}
+
+
+def ddr3_design_point() -> dict:
+    """The DDR3 bitstream's core build, clocks and UART settings as :class:`hw.boards.ecp5.Ddr3Ecp5Top` makes them
+    from :data:`DDR3_BUILD`.
+
+    Returns
+    -------
+    dict
+        ``build`` (:class:`hw.params.BuildParams`), ``clock_hz`` (the core's PLL output), ``clock_ps`` (simulated
+        period), ``baud``, ``divisor`` and ``sim_divisor`` (both the bitstream's cycles per bit), ``pll``,
+        ``dram_clock_hz`` (the controller's clock), ``dram_clock_ps``, ``dram_clocks`` (the DDR3 core's clocks),
+        ``cdc_depth`` (the port crossing's FIFO depth).
+    """
+    from hw.boards import ecp5
+
+    info = ecp5.BOARDS["ecpix5-85f"]
+    core = {**ecp5.DEFAULT_PARAMS, "lanes": DDR3_BUILD["lanes"], "quant_lanes": DDR3_BUILD["quant_lanes"]}
+    top = ecp5.Ddr3Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=DDR3_BUILD["freq_mhz"] * 1e6,
+                           baud=DDR3_BUILD["baud"], dram_config=info.dram_config, uart=info.uart)
+    f_dram = top.dram_clocks["dram"]
+    return {"build": top.build, "clock_hz": top.freq_hz, "clock_ps": _period_ps(top.freq_hz), "baud": top.baud,
+            "divisor": top.divisor, "sim_divisor": top.divisor, "pll": dict(top.pll), "dram_clock_hz": f_dram,
+            "dram_clock_ps": _period_ps(f_dram), "dram_clocks": dict(top.dram_clocks), "cdc_depth": top.cdc_depth}
+
+
+ECPIX5 = BoardSim(
+    board="ecpix5-85f", top="board_ddr3_sim", ports_vlt=SIM / "board_ddr3_ports.vlt", config=dram.ECPIX5_CONFIG,
+    design_point=ddr3_design_point, byte_timeout=1 << 14, bank_arrays=("mem", *(f"mem_{b}" for b in range(1, 8))),
+    # 32 KiB from 16 KiB below 16 MiB: a 16 KiB row of all 8 banks on either side of a row boundary
+    backdoor_check={"addr": (1 << 24) - (1 << 14), "bytes": 1 << 15, "patch": 1008},
+    results="board_ecpix5_ddr3.json", hold_port=True)
+
+built = built_fixture(ECPIX5)
+
+
+def _leveled(r: dict) -> None:
+    """The port was held at power-up (a token refused ``NOT_READY``) and ``PORT_ENABLE`` opened it."""
+    port = r["port_open"]
+    assert port is not None, "the DDR3 board did not hold its port"
+    assert port["token_held"] == 32, port       # TokenStatus.NOT_READY
+    assert port["status_enabled"] & 64, port    # BoardStatus.PORT_ENABLED
+
+
+def test_uart_path(built):
+    """The real serial line at the bitstream's 6 cycles a bit (``test_board_dram.case_uart_path``), after the
+    driver leveled and enabled the port."""
+    _leveled(case_uart_path(built))
+
+
+def test_tiny_model_load_once(built):
+    """Port held, leveled and enabled over ``'K'``/``'J'``; load once, tokens bit-exact, a second connect skips
+    the load; the controller's CSRs read and written over the link through the crossing; the back door against
+    ``'C'`` (``test_board_dram.case_tiny_model_load_once``)."""
+    _leveled(case_tiny_model_load_once(built))
+
+
+def test_faults(built):
+    """The ULX3S's faults on the DDR3 board (``test_board_dram.case_faults``): a token before any image, a link
+    dropped mid-load and the restart, a corrupted image word caught by the weight CRC and the reload."""
+    _leveled(case_faults(built))
+
+
+@pytest.mark.slow
+def test_shipped_model(built, tmp_path):
+    """The shipped model through the link (``test_board_dram.case_shipped_model``): port leveled and enabled,
+    the image and table in DRAM by the back door, the driver's load finds them and skips, tokens bit-exact with
+    the golden device, refresh during them, no DFI timing violation. ``MMFREE_DRAM_BENCH=1`` writes
+    ``bench/results/board_ecpix5_ddr3.json`` (the efficiency during tokens against issue 23's 85 %: recorded, not
+    asserted)."""
+    r, bench, load0 = case_shipped_model(built, tmp_path)
+    _leveled(r)
+    assert bench["dram_read_efficiency"] > 0
+    if os.environ.get("MMFREE_DRAM_BENCH"):
+        _, core, point, _, spec = built
+        extra = {
+            "clock": {
+                "core_hz": point["clock_hz"], "core_period_ps": point["clock_ps"],
+                "controller_hz": point["dram_clock_hz"], "controller_period_ps": point["dram_clock_ps"],
+                "core_pll": point["pll"], "dram_core_clocks_hz": point["dram_clocks"],
+                "source": "hw.boards.ecp5.Ddr3Ecp5Top for the bitstream being built (test_board_ddr3.DDR3_BUILD): "
+                          "the core's EHXPLLL (100 MHz x clkfb_div / clki_div / clkop_div) and the DDR3 core's "
+                          "sys_clk_freq; simulated at the nearest even ps, as two unrelated clocks",
+            },
+            "cycles_per_token_dram": bench["dram_cycles_per_token"],
+            "cycles_to_status_dram": bench["dram_cycles_to_status"],
+            "cycles_definition": "cycles_*: the core's clock (sync, 72 MHz); *_dram: the controller's (75 MHz)",
+            "port_open": r["port_open"],
+            "bound": _bound(r, bench, point),
+            "cdc_depth": point["cdc_depth"],
+            "test": "sim/test_board_ddr3.py::test_shipped_model",
+        }
+        record(bench, r, built, load0, extra=extra, goal_tokens_per_s=None)
+
+
+@pytest.mark.xfail(strict=True, reason="host.leveling finds no working tap against the simulation core (38 bit "
+                   "errors at every tap and bitslip of lane 0): the DFI injector's phase-1 read register stays 0, "
+                   "because LiteDRAM's SDRAMPHYModel raises rddata_valid on phase 0 only (Cat(rddata_valid of the "
+                   "phases).eq(a 1-bit read)); phase 0's beats read back right (the cocotb test's burst record)")
+def test_read_leveling(built):
+    """The driver's read leveling over ``'K'``/``'J'`` through the crossing against the simulation core; when it
+    fails, the cocotb test writes and reads one test burst itself and records both phases' read registers."""
+    r = run_case(built, "read_leveling")
+    assert all(ln["window"] == [0, 7] for ln in r["port_open"]["lanes"])
+
+
+def _bound(r: dict, bench: dict, point: dict) -> dict:
+    """What sets a token's length: the DRAM's time for the bytes read (at the peak) against the time measured, in
+    controller cycles, and the core's own ``CYCLES`` counter against the cycles from ``'T'`` to ``'t'``."""
+    lay = r["layout"]
+    read = sum(t["read_bytes"] for t in bench["tokens"]) / len(bench["tokens"])
+    dram_bound = read / bench["peak_bytes_per_cycle"]
+    return {
+        "bytes_read_per_token": round(read), "image_bytes": lay["image_bytes"],
+        "embedding_row_bytes": 4 * lay["hidden"],
+        "dram_bound_controller_cycles": round(dram_bound),
+        "controller_cycles_to_status": bench["dram_cycles_to_status"],
+        "dram_bound_share": round(dram_bound / bench["dram_cycles_to_status"], 4),
+        "core_cycles_counter": bench["core_cycles_counter"], "core_cycles_to_status": bench["cycles_to_status"],
+        "note": "the bytes read are the image and the token's embedding row; the core's CYCLES counter spans the "
+                "cycles from 'T' to 't', so the core sets the token's length and the DRAM waits: the efficiency "
+                "during tokens is the core's consumption rate over the DRAM's peak",
+    }
+
+
+def test_the_design_point_is_the_bitstreams():
+    """The simulated clocks and divisor are the DDR3 top's: 72 MHz from the PLL exactly, 12 Mbaud at 6 cycles a
+    bit, the controller at the config's 75 MHz, and the periods within 0.01 % of them."""
+    p = ddr3_design_point()
+    assert p["clock_hz"] == 72e6 and p["divisor"] == 6 and p["baud"] == 12_000_000
+    assert p["dram_clock_hz"] == 75e6
+    for hz, ps in ((p["clock_hz"], p["clock_ps"]), (p["dram_clock_hz"], p["dram_clock_ps"])):
+        assert abs(1e12 / ps - hz) < 1e-4 * hz and ps % 2 == 0
+    assert Path(ECPIX5.ports_vlt).exists()
