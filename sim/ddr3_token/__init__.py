@@ -98,7 +98,12 @@ def design_point():
 
 
 def sim_top():
-    """The simulated board's class (built lazily: it needs Amaranth)."""
+    """The simulated board's class (built lazily: it needs Amaranth).
+
+    Its ``w0_fifo_depth`` (default 1: the board as built) is an experiment on the board without a change to
+    ``hw/``: the entries of the FIFO that :class:`~hw.boards.dram_board.DRAMBoard` puts between its weight-stream mux
+    and the core (``stream_register(m, "w0_fifo", ...)``, one entry: a beat every other cycle). A depth above 1 is
+    substituted while the board elaborates; the result is a proposed board, labelled so wherever it is reported."""
     from amaranth.hdl import ClockDomain, ClockSignal, DomainRenamer, Module, ResetSignal
     from amaranth.lib import stream, wiring
     from amaranth.lib.wiring import In, Out, connect, flipped
@@ -123,8 +128,8 @@ def sim_top():
             The DDR3 model's DFI command counters (``dram``).
         """
 
-        def __init__(self, core: dram.GeneratedCore, build):
-            self._core, self._build = core, build
+        def __init__(self, core: dram.GeneratedCore, build, w0_fifo_depth: int = 1):
+            self._core, self._build, self._w0_depth = core, build, w0_fifo_depth
             byte = stream.Signature(8)
             super().__init__({"rx": In(byte), "tx": Out(byte), "dram_clk": In(1), "dram_rst": In(1),
                               "init_done": Out(1), "init_error": Out(1), "irq": Out(1),
@@ -136,7 +141,8 @@ def sim_top():
             m.domains.dram = ClockDomain("dram")
             m.d.comb += [ClockSignal("dram").eq(self.dram_clk), ResetSignal("dram").eq(self.dram_rst)]
             m.submodules.dram = ctl = DomainRenamer({"sync": "dram"})(dram.LiteDRAMCore(core, hold_port=True))
-            m.submodules.board = board = DRAMBoard(build=self._build, addr_width=core.addr_width,
+            board_class = DRAMBoard if self._w0_depth == 1 else _deeper_w0_fifo(DRAMBoard, self._w0_depth)
+            m.submodules.board = board = board_class(build=self._build, addr_width=core.addr_width,
                                                    port_width=core.data_width, clock_hz=CORE_HZ, hold_port=True,
                                                    byte_timeout=BYTE_TIMEOUT)
             m.submodules.crossings = x = Ddr3Crossings(core.addr_width, core.data_width)
@@ -155,6 +161,27 @@ def sim_top():
             return m
 
     return Ddr3TokenSim
+
+
+def _deeper_w0_fifo(board_class, w0_depth: int):
+    """``board_class`` (DRAMBoard) whose ``w0_fifo`` has ``w0_depth`` entries (:func:`sim_top`): its module's
+    ``stream_register`` is replaced while it elaborates."""
+    import hw.boards.dram_board as db
+
+    class DeeperW0(board_class):
+        def elaborate(self, platform):
+            original = db.stream_register
+
+            def register(m, name, src, dst, *, rst=None, depth=1):
+                return original(m, name, src, dst, rst=rst, depth=w0_depth if name == "w0_fifo" else depth)
+
+            db.stream_register = register
+            try:
+                return super().elaborate(platform)
+            finally:
+                db.stream_register = original
+
+    return DeeperW0
 
 
 # ------------------------------------------------------------------------------------------- the back door
@@ -218,7 +245,7 @@ class Build:
     meta: dict
 
 
-def _key(core, params, toolchain) -> str:
+def _key(core, params, toolchain, w0_fifo_depth: int) -> str:
     import amaranth
 
     h = hashlib.sha256()
@@ -226,10 +253,10 @@ def _key(core, params, toolchain) -> str:
         h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
     for p in (HARNESS_CPP, PUBLIC_VLT):
         h.update(p.read_bytes())
-    for f in (sim_top, _geometry, _bank_arrays, _monitor_words):     # what of this file goes into the build
+    for f in (sim_top, _deeper_w0_fifo, _geometry, _bank_arrays, _monitor_words):   # this file's part of the build
         h.update(inspect.getsource(f).encode())
     h.update(json.dumps([core.directory.name, amaranth.__version__, params.gateware(), CORE_HZ, DRAM_HZ,
-                         toolchain.version, BUILD_FLAGS, OPT_FAST]).encode())
+                         toolchain.version, BUILD_FLAGS, OPT_FAST, w0_fifo_depth]).encode())
     return h.hexdigest()[:16]
 
 
@@ -241,8 +268,9 @@ BUILD_FLAGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-WIDTH", "--x-assig
 OPT_FAST = os.environ.get("MMFREE_DDR3_TOKEN_OPT", "-O1")
 
 
-def build(params=None, *, jobs: int = 2, log=print) -> Build:
+def build(params=None, *, jobs: int = 2, w0_fifo_depth: int = 1, log=print) -> Build:
     """Convert, Verilate and compile the harness for ``params`` (default :func:`design_point`), cached.
+    ``w0_fifo_depth`` other than 1 builds the proposed board of :func:`sim_top` instead of the board as built.
 
     Raises
     ------
@@ -257,7 +285,7 @@ def build(params=None, *, jobs: int = 2, log=print) -> Build:
     params = design_point() if params is None else params
     core = dram.generate_sim_core(dram.ECPIX5_CONFIG)
     tc = find_toolchain()
-    root = BUILD_ROOT / _key(core, params, tc)
+    root = BUILD_ROOT / _key(core, params, tc, w0_fifo_depth)
     root.mkdir(parents=True, exist_ok=True)
     obj = root / "obj"
     exe = obj / f"V{TOP}"
@@ -266,14 +294,16 @@ def build(params=None, *, jobs: int = 2, log=print) -> Build:
         stamp = root / "build.json"
         if stamp.exists() and exe.exists():
             return Build(exe, root, core, params, json.loads(stamp.read_text()))
-        meta: dict[str, Any] = {"params": params.gateware(), "core": core.directory.name, "opt_fast": OPT_FAST,
+        meta: dict[str, Any] = {"params": params.gateware(), "w0_fifo_depth": w0_fifo_depth,
+                                "board": "as built" if w0_fifo_depth == 1 else "proposed: deeper w0_fifo",
+                                "core": core.directory.name, "opt_fast": OPT_FAST,
                                 "verilator": tc.version.strip(), "jobs": jobs}
         vfile = root / f"{TOP}.v"
         if not vfile.exists():
             from amaranth.back import verilog
 
             t0 = time.perf_counter()
-            text = verilog.convert(sim_top()(core, params), name=TOP)
+            text = verilog.convert(sim_top()(core, params, w0_fifo_depth), name=TOP)
             vfile.with_suffix(".tmp").write_text(text)
             vfile.with_suffix(".tmp").replace(vfile)
             meta["convert_s"] = round(time.perf_counter() - t0, 1)
