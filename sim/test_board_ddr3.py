@@ -174,9 +174,12 @@ def _bound(r: dict, bench: dict, point: dict) -> dict:
         "controller_cycles_to_status": bench["dram_cycles_to_status"],
         "dram_bound_share": round(dram_bound / bench["dram_cycles_to_status"], 4),
         "core_cycles_counter": bench["core_cycles_counter"], "core_cycles_to_status": bench["cycles_to_status"],
+        "core_cycles_per_beat": round(bench["cycles_to_status"] / (read / 8), 3),
         "note": "the bytes read are the image and the token's embedding row; the core's CYCLES counter spans the "
-                "cycles from 'T' to 't', so the core sets the token's length and the DRAM waits: the efficiency "
-                "during tokens is the core's consumption rate over the DRAM's peak",
+                "cycles from 'T' to 't', so the core's intake sets the token's length and the DRAM waits: the "
+                "efficiency during tokens is the core's consumption rate over the DRAM's peak. core_cycles_per_beat "
+                "is the core's cycles per 64-bit beat read: 2 is one beat every other cycle (DRAMBoard's weight "
+                "stream FIFO of one entry, hw/boards/dram_board.py at this revision), 1 a beat a cycle",
     }
 
 
