@@ -68,6 +68,13 @@ from hw.token_builder import TokenBuilder
 __all__ = ["DRAMBoard"]
 
 BEAT_BITS = 64
+#: entries of the weight stream's FIFO between the token engine and the core. A one-entry FIFO (a register with
+#: a registered ``ready``) passes a beat every other cycle; a deeper one can pass a beat every cycle, which a
+#: port wider than the beat can supply (the ECPIX-5's 128-bit DDR3 port: two beats a word). Three are the fewest
+#: that keep it: ``SyncFIFOBuffered`` puts ``depth - 1`` entries before its output register, and one entry there
+#: cannot be written and read in one cycle (two entries still pass a beat every other cycle: measured by
+#: ``tests/hw/test_dram_board.py::test_weights_reach_the_core_a_beat_a_cycle``).
+W0_FIFO_DEPTH = 3
 
 
 def _int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -241,7 +248,7 @@ class DRAMBoard(wiring.Component):
 
         # the streams: w0_in (the mux's output) -> FIFO -> core; core -> FIFO -> tap -> bridge
         w0_in = AXIStreamSignature(BEAT_BITS).create(path=("w0_in",))
-        w0_fifo = stream_register(m, "w0_fifo", w0_in, core.s_axis_w0, rst=core_rst)
+        w0_fifo = stream_register(m, "w0_fifo", w0_in, core.s_axis_w0, rst=core_rst, depth=W0_FIFO_DEPTH)
         stream_register(m, "out_fifo", core.m_axis_out, tap.i, rst=core_rst)
         m.d.comb += [br.out.tdata.eq(tap.o.payload.data), br.out.tlast.eq(tap.o.payload.last),
                      br.out.tvalid.eq(tap.o.valid), tap.o.ready.eq(br.out.tready)]

@@ -242,12 +242,16 @@ class Bench:
             await ctx.tick()
         assert not self.replies and not self.packets and not self.words, "unexpected frames"
 
-    def run(self, script):
+    def run(self, script, *watchers):
+        """Run ``script`` with the port, control-bus and reply processes, and ``watchers`` (background
+        testbenches of ``ctx``) beside it."""
         sim = Simulator(self.dut)
         sim.add_clock(1e-8)
         sim.add_testbench(self.model.process, background=True)
         sim.add_testbench(self.wb.process, background=True)
         sim.add_testbench(self._collect, background=True)
+        for w in watchers:
+            sim.add_testbench(w, background=True)
 
         async def main(ctx):
             await script(ctx, self)
@@ -690,6 +694,52 @@ def test_token_packet_and_image_reach_channel_zero(port_width, image_base, embed
         assert await b.output(ctx, 1) == [data]
 
     bench.run(script)
+
+
+class SinkCore(LoopbackCore):
+    """The loopback stand-in's registers, taking a weight beat every cycle and sending nothing back."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        m.d.comb += self.s_axis_w0.tready.eq(1)     # the last driver wins: always ready, the loopback idle
+        return m
+
+
+def test_weights_reach_the_core_a_beat_a_cycle():
+    """On the 128-bit port a word is two beats, so the DRAM can feed the core a beat every cycle; the stream
+    between the token engine and the core must pass them at that rate (a one-entry register passes a beat
+    every other cycle, which halved the ECPIX-5's weight rate: 17.6 M cycles for a 370M token where the cycle
+    model has 8.8 M, bench/results/ddr3_token_370m.json). Over a 256-beat image with no command stalls, the
+    beats after the first arrive in at most 1.1 cycles each."""
+    beats = 256
+    image = np.random.default_rng(5).bytes(8 * beats)
+    mem = blank_mem()
+    put_bytes(mem, IMAGE_BASE, image)
+    put_bytes(mem, EMBED_BASE, bytes(4 * 13 * 9))
+    core = SinkCore()
+    bench = Bench(DRAMBoard(build=BUILD, addr_width=addr_width_for(128, ADDR_WIDTH), port_width=128,
+                            clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT, core=core, dram_timeout=200), mem)
+    arrivals: list[int] = []
+
+    async def watch(ctx):
+        cycle = 0
+        async for _, _, valid, ready in ctx.tick().sample(core.s_axis_w0.tvalid, core.s_axis_w0.tready):
+            cycle += 1
+            if valid and ready:
+                arrivals.append(cycle)
+
+    async def script(ctx, b):
+        for reg, v in ((lp.BoardReg.IMAGE_BASE, IMAGE_BASE), (lp.BoardReg.IMAGE_BYTES, len(image)),
+                       (lp.BoardReg.EMBED_BASE, EMBED_BASE), (lp.BoardReg.EMBED_HIDDEN, 13),
+                       (lp.BoardReg.EMBED_VOCAB, 9), (lp.BoardReg.STATUS, lp.BoardStatus.IMAGE_VALID)):
+            await b.put(ctx, reg, v)
+        assert await b.token(ctx, 1, 0) == 0
+
+    bench.run(script, watch)
+    img = arrivals[-beats:]                   # the image's beats follow the token packet's
+    assert len(arrivals) > beats
+    span = img[-1] - img[0]
+    assert span <= 1.1 * (beats - 1), f"{beats} beats over {span} cycles: {span / (beats - 1):.2f} cycles a beat"
 
 
 # ---------------------------------------------------------------------------------------------- the real core
