@@ -68,6 +68,8 @@ INPUTS = {
     "golden": ("bench/results/golden.json", "python -m bench.bench_golden"),
     "board_ulx3s_dram": ("bench/results/board_ulx3s_dram.json",
                          "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_dram.py -k shipped_model"),
+    "board_ecpix5_ddr3": ("bench/results/board_ecpix5_ddr3.json",
+                          "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_ddr3.py -k shipped_model"),
     "bram": ("bench/results/bram_370m.json", "python -m bench.bench_bram"),
 }
 
@@ -727,16 +729,7 @@ def summary_section(data: dict, proj: list[dict]) -> str:
             rows.append([f"370M decode, {p['title']} ({lanes}x{ch}x{bus}, {p['fmax_mhz']:g} MHz)",
                          f"{fmt(p['tokens_per_s'])} tokens/s", f"{fmt(p['tokens_per_j'])} tokens/J", "projected",
                          "`hw/boards/facts.py` design point, `host.perf` + power estimate"])
-    b = data.get("board_ulx3s_dram")
-    if b is None:
-        rows.append(["shipped model decode, ULX3S DRAM board", missing("board_ulx3s_dram"), "—", "simulated", "—"])
-    else:
-        rows.append([f"shipped model decode, ULX3S DRAM board ({b['design_point']['lanes']} lanes, "
-                     f"{fmt(b['clock']['simulated_hz'] / 1e6)} MHz), greedy, end to end",
-                     f"{fmt(b['tokens_per_s'])} tokens/s",
-                     f"DRAM read efficiency {pct(b['dram_read_efficiency'])}, {fmt(b['cycles_per_token'])} "
-                     f"cycles/token", "simulated (whole board; link time a model)",
-                     f"`{INPUTS['board_ulx3s_dram'][0]}`"])
+    rows += [_board_dram_row(data, key, title) for key, title in BOARD_DRAM_BENCHES]
     g = data.get("gpu")
     if g is None:
         rows.append(["370M decode, H200 (PyTorch)", missing("gpu"), "—", "measured", "—"])
@@ -766,6 +759,74 @@ def summary_section(data: dict, proj: list[dict]) -> str:
                      f"{fmt(a['tokens_per_s'] / a['power_w'])} tokens/J" if a["power_w"] else "—", "published",
                      "see Published anchors"])
     return table(["figure", "rate", "efficiency", "status", "source"], rows)
+
+
+#: the whole-board simulations' benchmarks: (input key, the board's title)
+BOARD_DRAM_BENCHES = (("board_ulx3s_dram", "ULX3S DRAM board"), ("board_ecpix5_ddr3", "ECPIX-5 DDR3 board"))
+
+
+def _board_clock_mhz(b: dict) -> str:
+    """The simulated clocks of a board benchmark: the one clock (ULX3S), or core / controller (DDR3)."""
+    c = b["clock"]
+    if "controller_hz" in c:
+        return f"{fmt(c['core_hz'] / 1e6)} MHz core, {fmt(c['controller_hz'] / 1e6)} MHz controller"
+    return f"{fmt(c['simulated_hz'] / 1e6)} MHz"
+
+
+def _board_dram_row(data: dict, key: str, title: str) -> list:
+    """The summary row of a whole-board simulation's shipped-model benchmark (``sim/test_board_*.py``)."""
+    b = data.get(key)
+    if b is None:
+        return [f"shipped model decode, {title}", missing(key), "—", "simulated", "—"]
+    return [f"shipped model decode, {title} ({b['design_point']['lanes']} lanes, {_board_clock_mhz(b)}), greedy, "
+            f"end to end", f"{fmt(b['tokens_per_s'])} tokens/s",
+            f"DRAM read efficiency {pct(b['dram_read_efficiency'])}, {fmt(b['cycles_per_token'])} cycles/token",
+            "simulated (whole board; link time a model)", f"`{INPUTS[key][0]}`"]
+
+
+def _cycles_per_beat(b: dict) -> str:
+    """Core cycles from a token's command to its status per 64-bit beat the DRAM delivered (the tokens' mean)."""
+    beats = sum(t["read_bytes"] for t in b["tokens"]) / len(b["tokens"]) / 8
+    return fmt(sum(t["cycles_to_status"] for t in b["tokens"]) / len(b["tokens"]) / beats)
+
+
+def board_dram_section(data: dict) -> str:
+    """The whole-board simulations side by side: clocks, DRAM read efficiency during tokens against the issues'
+    85 %, cycles per token in each clock, refresh, the link model and tokens/s (all simulated but the link)."""
+    head = ["", *(title for _, title in BOARD_DRAM_BENCHES)]
+    boards = [data.get(key) for key, _ in BOARD_DRAM_BENCHES]
+
+    def row(label: str, f) -> list:
+        pairs = zip(boards, BOARD_DRAM_BENCHES, strict=True)
+        return [label, *(f(b) if b is not None else missing(k) for b, (k, _) in pairs)]
+
+    rows = [
+        row("core build", lambda b: f"{b['design_point']['lanes']} lanes, {b['design_point']['quant_lanes']} "
+                                    f"quantize lanes"),
+        row("clocks (simulated; the bitstream's PLL settings)", _board_clock_mhz),
+        row("DRAM, controller", lambda b: f"{b['phy']['memtype']} {b['phy']['phytype']} rate 1:{b['phy']['nphases']},"
+                                          f" {b['module']}, tRFC {b['timing_cycles']['tRFC']} / tREFI "
+                                          f"{b['timing_cycles']['tREFI']} cycles"),
+        row("DRAM read efficiency during tokens (mean / min)",
+            lambda b: f"{pct(b['dram_read_efficiency'])} / {pct(b['dram_read_efficiency_min'])} of "
+                      f"{fmt(b['peak_bytes_per_cycle'])} B/cycle"),
+        row("issue goal (85 %) met", lambda b: "yes" if b["dram_read_efficiency"] >= 0.85 else "**no**"),
+        row("cycles per greedy token, core clock", lambda b: fmt(b["cycles_per_token"])),
+        row("cycles per greedy token, controller clock",
+            lambda b: fmt(b.get("cycles_per_token_dram", b["cycles_per_token"]))),
+        row("core cycles per 64-bit beat read (1: a beat a cycle into the core)", _cycles_per_beat),
+        row("refresh commands during the tokens", lambda b: fmt(b["refresh_commands_during_tokens"])),
+        row("DFI timing violations", lambda b: fmt(b["timing_violations"])),
+        row("link (model): baud, bytes and round trips per token",
+            lambda b: f"{fmt(b['link_model']['baud'] / 1e6)} Mbaud, {fmt(b['link_model']['bytes_per_token'])} B, "
+                      f"{fmt(b['link_model']['round_trips_per_token'])}"),
+        row("board time / link time per token (ms)",
+            lambda b: f"{fmt(b['board_s_per_token'] * 1e3)} / {fmt(b['link_model']['link_s_per_token'] * 1e3)}"),
+        row("tokens/s end to end, greedy (simulated board + link model)", lambda b: fmt(b["tokens_per_s"])),
+        row("tokens/s with logits", lambda b: fmt(b["tokens_per_s_logits"])),
+        row("simulated on", lambda b: f"{b['sim'].get('lscpu_model_name')}, {rev(b)}"),
+    ]
+    return table(head, rows)
 
 
 # ------------------------------------------------------------------------------------------ plots
@@ -901,6 +962,14 @@ def render(data: dict, figures: list[str] | None = None) -> str:
              "board figure is projected.\n")
     s.append("## Summary\n")
     s.append(summary_section(data, proj) + "\n")
+    s.append("## DRAM boards, whole-board simulation (shipped model)\n")
+    s.append("The board logic with the LiteDRAM controller and its DRAM model under Verilator, driven by the host's "
+             "own driver (`sim/test_board_dram.py`, `sim/test_board_ddr3.py`): cycles are simulated, the link's "
+             "time is a model (8N1 at the bitstream's rate plus a 1 ms USB round trip per reply waited for). "
+             "Efficiency: DRAM bytes read per controller cycle from a token's command in to its status out, over "
+             "the peak (one burst per tCCD). A 64-bit beat holds 40 trits (base-3): a core that takes more cycles "
+             "per beat than the DRAM's peak allows is bounded by its own intake, and the DRAM waits.\n")
+    s.append(board_dram_section(data) + "\n")
     s.append("## Sources\n")
     s.append(provenance_section(data) + "\n")
     s.append("## Cycles per token and stream efficiency\n")

@@ -152,3 +152,29 @@ def test_projection_respects_roofline(report):
         assert p["tokens_per_s"] <= p["roofline_bound"] * (1 + 1e-9)  # cycles >= ideal cycles
         assert p["power_w"] > p["idle_w"] > 0
         assert p["tokens_per_j"] == pytest.approx(p["tokens_per_s"] / p["power_w"])
+
+
+def test_the_dram_boards_sit_side_by_side(report, tmp_path):
+    """Both whole-board benchmarks in one table (clocks, efficiency against the 85 % goal, cycles in each clock,
+    tokens/s) and a summary row each; a missing one is a labelled cell, not a blank."""
+    data = report.load_inputs(_tree(tmp_path, {"board_ulx3s_dram", "board_ecpix5_ddr3"}))
+    ddr3, sdr = data["board_ecpix5_ddr3"], data["board_ulx3s_dram"]
+    assert ddr3 is not None and sdr is not None
+    text = report.board_dram_section(data)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| ---")}
+    c = ddr3["clock"]
+    assert rows["clocks (simulated; the bitstream's PLL settings)"][1] == (
+        f"{report.fmt(c['core_hz'] / 1e6)} MHz core, {report.fmt(c['controller_hz'] / 1e6)} MHz controller")
+    assert rows["DRAM read efficiency during tokens (mean / min)"][1].startswith(
+        report.pct(ddr3["dram_read_efficiency"]))
+    assert rows["issue goal (85 %) met"] == ["yes" if b["dram_read_efficiency"] >= 0.85 else "**no**"
+                                             for b in (sdr, ddr3)]
+    assert rows["cycles per greedy token, controller clock"][1] == report.fmt(ddr3["cycles_per_token_dram"])
+    assert rows["tokens/s end to end, greedy (simulated board + link model)"] == [
+        report.fmt(b["tokens_per_s"]) for b in (sdr, ddr3)]
+    summary = report.summary_section(data, [])
+    assert "ECPIX-5 DDR3 board" in summary and "`bench/results/board_ecpix5_ddr3.json`" in summary
+
+    one = report.load_inputs(_tree(tmp_path / "one", {"board_ulx3s_dram"}))
+    assert "**not yet measured** (`bench/results/board_ecpix5_ddr3.json` absent" in report.board_dram_section(one)
