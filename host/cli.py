@@ -450,8 +450,8 @@ def _cmd_board(args: argparse.Namespace) -> int:
         _check_file(Path(csr), "CSR map")
         regs = load_csr_map(csr)
     progress = args.progress if args.progress is not None else _stderr_is_tty()
-    with Ecp5Device(port=args.port, baud=args.baud, timeout=args.timeout, reload=getattr(args, "force", False),
-                    progress=progress) as dev:
+    with Ecp5Device(port=args.port, baud=args.baud, board=args.board, timeout=args.timeout,
+                    reload=getattr(args, "force", False), progress=progress) as dev:
         dev.connect()
         if args.board_command == "level":
             return _board_level(dev, regs)
@@ -851,6 +851,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from hw.boards.facts import BOARDS as BOARD_FACTS
     from hw.boards.facts import DEFAULT_BOARD
+    ecp5_boards = [k for k, b in BOARD_FACTS.items() if b.family == "ecp5"]
 
     bn = sub.add_parser("bench", help="greedy decode on the device: tokens/s, GB/s, cycles per token, %% of the "
                                       "roofline (JSON)")
@@ -869,10 +870,15 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bd.add_subparsers(dest="board_command", required=True, metavar="ACTION")
 
     def board_common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--board", default=None, choices=ecp5_boards,
+                       help="the board, for the defaults of --port and --baud (default: $MMFREE_ECP5_BOARD or "
+                            "ulx3s-85f)")
         q.add_argument("--port", default=None, metavar="TTY",
-                       help="serial port (default: $MMFREE_ECP5_PORT or /dev/ttyUSB0)")
+                       help="serial port (default: $MMFREE_ECP5_PORT or the board's: /dev/ttyUSB0 on the ULX3S, "
+                            "/dev/ttyUSB1 on the ECPIX-5)")
         q.add_argument("--baud", type=int, default=None, metavar="BAUD",
-                       help="the bitstream's link rate (default: $MMFREE_ECP5_BAUD or 2000000)")
+                       help="the bitstream's link rate (default: $MMFREE_ECP5_BAUD or the board's committed "
+                            "bitstream's rate, hw/boards/facts.py)")
         q.add_argument("--timeout", type=float, default=2.0, metavar="S",
                        help="seconds to wait for any reply (default: 2)")
         q.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

@@ -18,7 +18,7 @@ from board_fakes import FakeEcp5Board as FakeBoard
 from board_fakes import ecp5_id_values as id_values
 
 from host.devices import DeviceError, open_device
-from host.devices.ecp5 import Ecp5Device, LinkTimeout, token_seconds
+from host.devices.ecp5 import DEFAULT_BOARD, ECP5_BOARDS, Ecp5Device, LinkTimeout, token_seconds
 from host.devices.golden import GoldenDevice
 from host.model import HGRNBitConfig, random_weights
 from hw import isa
@@ -135,11 +135,25 @@ def test_shipped_model_fits_the_ecp5_builds():
 
 
 def test_default_rate_is_the_builds_rate(monkeypatch):
-    """The device opens the port at the rate the boards' default bitstreams run their link at."""
+    """The device opens each board's port at the rate its committed bitstream runs the link at (the build
+    dispatcher's default too), on the port Linux usually gives its bridge; ``MMFREE_ECP5_BOARD``,
+    ``MMFREE_ECP5_BAUD`` and ``MMFREE_ECP5_PORT`` override, and an unknown board is refused by name."""
     from hw.boards import ecp5 as boards
 
-    monkeypatch.delenv("MMFREE_ECP5_BAUD", raising=False)
-    assert {c["baud"] for c in boards.CHOSEN.values()} == {Ecp5Device(serial=FakeBoard()).baud}
+    for var in ("MMFREE_ECP5_BAUD", "MMFREE_ECP5_BOARD", "MMFREE_ECP5_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert set(boards.CHOSEN) == set(ECP5_BOARDS)
+    for key, chosen in boards.CHOSEN.items():
+        dev = Ecp5Device(serial=FakeBoard(), board=key)
+        assert (dev.board, dev.baud) == (key, chosen["baud"])
+    assert Ecp5Device(serial=FakeBoard()).board == DEFAULT_BOARD == "ulx3s-85f"
+    assert Ecp5Device(serial=FakeBoard()).port_name == "/dev/ttyUSB0"
+    assert Ecp5Device(serial=FakeBoard(), board="ecpix5-85f").port_name == "/dev/ttyUSB1"
+    monkeypatch.setenv("MMFREE_ECP5_BOARD", "ecpix5-85f")
+    assert Ecp5Device(serial=FakeBoard()).port_name == "/dev/ttyUSB1"
+    monkeypatch.setenv("MMFREE_ECP5_PORT", "/dev/ttyACM3")
+    assert Ecp5Device(serial=FakeBoard()).port_name == "/dev/ttyACM3"
+    assert Ecp5Device(serial=FakeBoard(), port="/dev/ttyUSB4").port_name == "/dev/ttyUSB4"
     monkeypatch.setenv("MMFREE_ECP5_BAUD", "3000000")
     assert Ecp5Device(serial=FakeBoard()).baud == 3_000_000
     assert Ecp5Device(serial=FakeBoard(), baud=115_200).baud == 115_200
@@ -147,6 +161,10 @@ def test_default_rate_is_the_builds_rate(monkeypatch):
         monkeypatch.setenv("MMFREE_ECP5_BAUD", bad)
         with pytest.raises(ValueError, match="MMFREE_ECP5_BAUD"):
             Ecp5Device(serial=FakeBoard())
+    monkeypatch.delenv("MMFREE_ECP5_BAUD")
+    for board in ("pynq-z2", "ulx3s"):
+        with pytest.raises(ValueError, match=f"unknown ECP5 board '{board}'.*ulx3s-85f, ecpix5-85f"):
+            Ecp5Device(serial=FakeBoard(), board=board)
 
 
 @pytest.mark.board

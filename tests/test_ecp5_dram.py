@@ -360,6 +360,25 @@ def on_port(monkeypatch):
     return use
 
 
+def test_cli_board_names_the_port_and_rate(monkeypatch):
+    """``--board`` picks the board's usual port and its committed bitstream's link rate
+    (hw/boards/facts.py); ``--port``/``--baud`` still win."""
+    from hw.boards.facts import BOARDS
+
+    opened = []
+    monkeypatch.setattr(ecp5, "open_port", lambda name, baud, timeout: opened.append((name, baud)) or
+                        FakeEcp5Board(link_version=2))
+    for var in ("MMFREE_ECP5_BAUD", "MMFREE_ECP5_BOARD", "MMFREE_ECP5_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    for argv, want in ((["--board", "ecpix5-85f"], ("/dev/ttyUSB1", BOARDS["ecpix5-85f"].link_baud)),
+                       ([], ("/dev/ttyUSB0", BOARDS["ulx3s-85f"].link_baud)),
+                       (["--board", "ecpix5-85f", "--port", "/dev/ttyUSB5", "--baud", "115200"],
+                        ("/dev/ttyUSB5", 115_200))):
+        rc, out, err = _cli(["board", "info", *argv])
+        assert rc == 0, err
+        assert opened[-1] == want and f"{want[0]} at {want[1]:,} baud" in out
+
+
 def test_cli_board_info_status_load_memtest(bundle_path, bundle, on_port):
     board = on_port(FakeEcp5Board(link_version=2))
     rc, out, err = _cli(["board", "info", "--port", "/dev/ttyUSB7"])

@@ -54,23 +54,27 @@ from host.image import ImageInfo, ParsedImage
 from host.protocol import DeviceTimeout, IdBlock, token_packet_bytes
 from hw import isa
 from hw.boards import link_protocol as lp
+from hw.boards.facts import BOARDS
 from hw.boards.link_protocol import BoardReg, BoardStatus, CtrlStatus, DramStatus, TokenFlags, TokenStatus
 from hw.isa import Ctrl, TritPacking
 
 __all__ = ["Ecp5Device", "Ecp5Transport", "LinkError", "LinkTimeout", "UartLink", "ControlBus", "DramLayout",
            "LoadReport",
            "MemtestReport", "dram_contents", "bundle_checksum", "open_port", "set_ftdi_latency", "DEFAULT_PORT",
-           "DEFAULT_BAUD", "DRAM_BLOCK_BYTES", "TABLE_ALIGN", "TOKEN_WIRE_BYTES", "token_seconds"]
+           "DEFAULT_BAUD", "DEFAULT_BOARD", "ECP5_BOARDS", "board_link", "DRAM_BLOCK_BYTES", "TABLE_ALIGN",
+           "TOKEN_WIRE_BYTES", "token_seconds"]
 
 log = logging.getLogger(__name__)
 
-#: serial port used when none is given (``MMFREE_ECP5_PORT`` overrides)
-DEFAULT_PORT = "/dev/ttyUSB0"
-#: the link rate of the boards' builds, bits/s (``MMFREE_ECP5_BAUD`` overrides, for a bitstream built with
-#: another ``--baud``): 100 MHz / 50 on the ECPIX-5, 50 MHz / 25 on the ULX3S (``hw.boards.ecp5.CHOSEN``; the
-#: ULX3S DRAM build's core and controller clock is 50 MHz too). The FT231X would take 3 Mbaud, but 50 MHz / 3 MHz
-#: = 16.67 has no integer divisor within 1 % (16: +4.2 %, 17: -2.0 %), so 2 Mbaud (divisor 25, exact) it is.
-DEFAULT_BAUD = 2_000_000
+#: the ECP5 boards (:data:`hw.boards.facts.BOARDS`, the one table of their link rates and serial ports)
+ECP5_BOARDS = tuple(k for k, b in BOARDS.items() if b.family == "ecp5")
+#: the board assumed when none is named (``MMFREE_ECP5_BOARD`` or ``board=`` names another)
+DEFAULT_BOARD = "ulx3s-85f"
+#: serial port used when neither a port nor a board is given (``MMFREE_ECP5_PORT`` overrides)
+DEFAULT_PORT = BOARDS[DEFAULT_BOARD].serial_port
+#: the link rate of :data:`DEFAULT_BOARD`'s committed bitstream, bits/s (``MMFREE_ECP5_BAUD`` overrides, for a
+#: bitstream built with another ``--baud``)
+DEFAULT_BAUD = BOARDS[DEFAULT_BOARD].link_baud
 #: DRAM load granularity: each block's CRC is compared with the board's (``'C'``) and only differing blocks are
 #: written (``'L'``), so an interrupted load restarts where it stopped
 DRAM_BLOCK_BYTES = 64 * 1024
@@ -87,6 +91,32 @@ CTRL_WINDOW = 64
 SYSFS_USB_SERIAL = Path("/sys/bus/usb-serial/devices")
 _R = isa.REGISTER_MAP
 _LATENCY_WARNED: set[str] = set()
+
+
+def board_link(board: str | None = None) -> tuple[str, str, int]:
+    """``(board, port, baud)``: the serial port and link rate the host uses for ``board`` (default
+    ``$MMFREE_ECP5_BOARD`` or :data:`DEFAULT_BOARD`): ``$MMFREE_ECP5_PORT`` or the board's usual port, and
+    ``$MMFREE_ECP5_BAUD`` or its committed bitstream's rate (:attr:`hw.boards.facts.BoardFacts.link_baud`).
+
+    Raises
+    ------
+    ValueError
+        A board that is not an ECP5 board of :data:`hw.boards.facts.BOARDS`, or a ``MMFREE_ECP5_BAUD`` that is
+        not a positive integer.
+    """
+    board = board or os.environ.get("MMFREE_ECP5_BOARD") or DEFAULT_BOARD
+    if board not in ECP5_BOARDS:
+        raise ValueError(f"unknown ECP5 board {board!r} (--board or MMFREE_ECP5_BOARD); known: "
+                         f"{', '.join(ECP5_BOARDS)}")
+    facts = BOARDS[board]
+    env = os.environ.get("MMFREE_ECP5_BAUD", "")
+    try:
+        baud = int(env) if env else facts.link_baud
+    except ValueError:
+        baud = 0
+    if baud <= 0:
+        raise ValueError(f"MMFREE_ECP5_BAUD must be a positive integer rate in bits/s, got {env!r}")
+    return board, os.environ.get("MMFREE_ECP5_PORT") or facts.serial_port, baud
 
 
 def token_seconds(stream_bytes: int, baud: int = DEFAULT_BAUD) -> float:
@@ -1261,11 +1291,14 @@ class Ecp5Device(AcceleratorDevice):
     Parameters
     ----------
     port : str, optional
-        Serial port (default ``$MMFREE_ECP5_PORT`` or ``/dev/ttyUSB0``; the ULX3S's FT231X; on the
-        ECPIX-5 the FT2232H's second interface, usually ``/dev/ttyUSB1``).
+        Serial port (default ``$MMFREE_ECP5_PORT`` or the board's usual one: ``/dev/ttyUSB0``, the ULX3S's
+        FT231X; on the ECPIX-5 the FT2232H's second interface, usually ``/dev/ttyUSB1``).
     baud : int, optional
-        The bitstream's rate, bits/s (default ``$MMFREE_ECP5_BAUD`` or :data:`DEFAULT_BAUD`, the 2 Mbaud
-        of the boards' builds; a build's ``report.json`` gives it as ``baud``).
+        The bitstream's rate, bits/s (default ``$MMFREE_ECP5_BAUD`` or the board's committed bitstream's rate,
+        :attr:`hw.boards.facts.BoardFacts.link_baud`; a build's ``report.json`` gives it as ``baud``).
+    board : str, optional
+        ``ulx3s-85f`` or ``ecpix5-85f`` (default ``$MMFREE_ECP5_BOARD`` or :data:`DEFAULT_BOARD`): the defaults
+        of ``port`` and ``baud`` (:func:`board_link`).
     timeout : float
         Seconds to wait for any reply (and, times 10, for a token's output).
     output_gate : {"released", "paper"}
@@ -1279,6 +1312,8 @@ class Ecp5Device(AcceleratorDevice):
 
     Raises
     ------
+    ValueError
+        An unknown board, or a baud rate that is not a positive integer.
     DeviceError
         (on :meth:`load`) pyserial missing, the port cannot be opened, no reply, a wrong ID block, a model that
         does not fit the build or the board's DRAM.
@@ -1286,20 +1321,15 @@ class Ecp5Device(AcceleratorDevice):
 
     name = "ecp5"
 
-    def __init__(self, *, port: str | None = None, baud: int | None = None, timeout: float = 2.0,
-                 output_gate: str = "released", serial: Any = None, reload: bool = False,
+    def __init__(self, *, port: str | None = None, baud: int | None = None, board: str | None = None,
+                 timeout: float = 2.0, output_gate: str = "released", serial: Any = None, reload: bool = False,
                  progress: bool | None = None) -> None:
-        if baud is None:
-            env = os.environ.get("MMFREE_ECP5_BAUD", "")
-            try:
-                baud = int(env) if env else DEFAULT_BAUD
-            except ValueError:
-                baud = 0
-            if baud <= 0:
-                raise ValueError(f"MMFREE_ECP5_BAUD must be a positive integer rate in bits/s, got {env!r}")
+        board, default_port, default_baud = board_link(board)
+        baud = default_baud if baud is None else baud
         if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
             raise ValueError(f"baud must be a positive integer, got {baud!r}")
-        port_name = port or os.environ.get("MMFREE_ECP5_PORT", DEFAULT_PORT)
+        port_name = port or default_port
+        self.board = board
         super().__init__(Ecp5Transport(port_name, baud, float(timeout), serial, reload=reload, progress=progress),
                          output_gate=output_gate)
         self.port_name, self.baud, self.timeout = port_name, baud, float(timeout)

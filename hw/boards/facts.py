@@ -94,6 +94,11 @@ class BoardFacts:
         Its idle draw, with its own sources.
     sources : dict of str to str
         The source of each other fact, by attribute name.
+    link_baud : int or None
+        The ECP5 boards: the UART rate of the committed bitstream's host link, bits/s (the host's default for the
+        board; ``bitstreams/<key>/report.json`` ``baud``). None where the host link is not a UART.
+    serial_port : str or None
+        The ECP5 boards: the serial device Linux usually gives the bridge's UART (the host's default port).
     """
 
     key: str
@@ -109,6 +114,8 @@ class BoardFacts:
     design: BuildParams
     idle: Idle
     sources: dict[str, str] = field(default_factory=dict)
+    link_baud: int | None = None
+    serial_port: str | None = None
 
     @property
     def fmax_mhz(self) -> float:
@@ -143,8 +150,12 @@ BOARDS: dict[str, BoardFacts] = {
                      "docs/ARCHITECTURE.md section 4: 100 MB/s @50 MHz)",
          "port_gbs": "one LiteDRAM user port, the SDRAM's rate", "ports": "one DRAM controller",
          "design": "bitstreams/ulx3s-85f/report.json: the DRAM top (LiteDRAM SDR controller and core in one 50 MHz "
-                   "domain), 16 lanes, 4 quantize lanes, folded epilogue, 50 MHz target (53.20 MHz after routing; "
-                   "hw.boards.ecp5.CHOSEN)"}),
+                   "domain), 16 lanes, 4 quantize lanes, folded epilogue, 50 MHz target (53.79 MHz after routing; "
+                   "hw.boards.ecp5.CHOSEN)",
+         "link_baud": "bitstreams/ulx3s-85f/report.json: 2 Mbaud = 50 MHz / 25 (the FT231X's 3 Mbaud has no divisor "
+                      "of 50 MHz within 1 %)",
+         "serial_port": "the FT231X, the board's only USB serial interface"},
+        link_baud=2_000_000, serial_port="/dev/ttyUSB0"),
     "ecpix5-85f": BoardFacts(
         "ecpix5-85f", "LambdaConcept ECPIX-5 85F (ECP5)", "LFE5UM5G-85F-8BG554I", "ecp5", "ddr3", 512, 0.6, 0.6, 1,
         None,
@@ -157,7 +168,10 @@ BOARDS: dict[str, BoardFacts] = {
                      "section 4: 600 MB/s @75 MHz)",
          "port_gbs": "one LiteDRAM user port, the DDR3's rate", "ports": "one DRAM controller",
          "design": "bitstreams/ecpix5-85f/report.json: 32 lanes, 4 quantize lanes, folded epilogue, 100 MHz target "
-                   "(100.60 MHz after routing; hw.boards.ecp5.CHOSEN)"}),
+                   "(100.60 MHz after routing; hw.boards.ecp5.CHOSEN)",
+         "link_baud": "bitstreams/ecpix5-85f/report.json: 2 Mbaud = 100 MHz / 50",
+         "serial_port": "the FT2232H's second interface (the first is JTAG): usually the second ttyUSB"},
+        link_baud=2_000_000, serial_port="/dev/ttyUSB1"),
     "pynq-z2": BoardFacts(
         "pynq-z2", "TUL PYNQ-Z2 (Zynq-7020)", "xc7z020clg400-1", "zynq7", "ddr3", 512, 2.1, 1.2, 4, 64,
         BuildParams(lanes=64, channels=2, bus_bits=64, quant_lanes=8, fmax_mhz=100.0),
