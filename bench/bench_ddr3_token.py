@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="host.model.random_weights seed")
     p.add_argument("--level", action="store_true", help="run the host's read leveling over the link first")
     p.add_argument("--out", type=Path, default=RESULT)
-    p.add_argument("--proposed-w0-fifo-depth", type=int, default=0,
-                   help="also run the proposed board whose w0_fifo has this many entries (0: only the board as built)")
+    p.add_argument("--w0-fifo-variant", type=int, default=0,
+                   help="also run a variant of the board whose w0_fifo has this many entries (0: only the board as "
+                        "built)")
     args = p.parse_args(argv)
 
     report = provenance("ddr3_token_370m")
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     report["loadavg_start"] = list(os.getloadavg())
     shape = {**dt.SHAPE_370M, "num_hidden_layers": args.layers, "vocab_size": args.vocab}
     params = dt.design_point()
-    report["settings"] = {"build": params.as_dict(), "core_hz": dt.CORE_HZ, "dram_hz": dt.DRAM_HZ,
+    report["settings"] = {"build": params.as_dict(), "w0_fifo_depth": dt.as_built_w0_fifo_depth(),
+                          "core_hz": dt.CORE_HZ, "dram_hz": dt.DRAM_HZ,
                           "clock_periods_units_of_1_3600_us": [dt.CORE_PERIOD, dt.DRAM_PERIOD],
                           "link": "DRAMBoard rx/tx byte streams, one byte a core cycle (no UART)",
                           "dram_load": "back door into the DDR3 model's bank arrays (host.devices.ecp5.dram_contents)",
@@ -97,21 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     result = dt.run_case(built, bundle, ids.tolist(), level=args.level, log=lambda s: print(s, file=sys.stderr))
     report.update({k: v for k, v in result.items() if k != "harness"})
     report["harness_counters"] = result["harness"]
-    report["summary"] = summary(result, bundle, params, "the board as built (DRAMBoard's w0_fifo: one entry)")
-    if args.proposed_w0_fifo_depth > 0:
-        d = args.proposed_w0_fifo_depth
+    report["summary"] = summary(result, bundle, params, dt.board_label(None))
+    if args.w0_fifo_variant > 0:
+        d = args.w0_fifo_variant
         t0 = time.perf_counter()
         variant = dt.build(params, w0_fifo_depth=d, log=lambda s: print(s, file=sys.stderr))
         meta = {**variant.meta, "call_s": round(time.perf_counter() - t0, 1)}
         res = dt.run_case(variant, bundle, ids.tolist(), level=args.level, log=lambda s: print(s, file=sys.stderr))
-        report["proposed_w0_fifo"] = {
+        report["w0_fifo_variant"] = {
             "w0_fifo_depth": d, "build": meta, "tokens": res["tokens"], "harness_counters": res["harness"],
-            "summary": summary(res, bundle, params, f"proposed, not built in hw/: DRAMBoard's w0_fifo with {d} "
-                                                   f"entries (sim.ddr3_token.sim_top)")}
+            "summary": summary(res, bundle, params, dt.board_label(d))}
     report["loadavg_end"] = list(os.getloadavg())
     report["peak_rss_bytes_python"] = peak_rss_bytes()
     out = write_json(args.out, report)
-    runs = [report["summary"]] + ([report["proposed_w0_fifo"]["summary"]] if "proposed_w0_fifo" in report else [])
+    runs = [report["summary"]] + ([report["w0_fifo_variant"]["summary"]] if "w0_fifo_variant" in report else [])
     for s in runs:
         print(f"{out} [{s['board']}]: bit-exact {s['bit_exact']}; {s['cycles_per_token']:,} core cycles a token (core "
               f"counter {s['hw_cycles_per_token']:,}, cycle model {s['model_cycles_per_token']:,}); DRAM efficiency "

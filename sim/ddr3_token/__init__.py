@@ -100,10 +100,12 @@ def design_point():
 def sim_top():
     """The simulated board's class (built lazily: it needs Amaranth).
 
-    Its ``w0_fifo_depth`` (default 1: the board as built) is an experiment on the board without a change to
-    ``hw/``: the entries of the FIFO that :class:`~hw.boards.dram_board.DRAMBoard` puts between its weight-stream mux
-    and the core (``stream_register(m, "w0_fifo", ...)``, one entry: a beat every other cycle). A depth above 1 is
-    substituted while the board elaborates; the result is a proposed board, labelled so wherever it is reported."""
+    Its ``w0_fifo_depth`` (default None: the board as built, ``hw.boards.dram_board.W0_FIFO_DEPTH`` entries) is an
+    experiment on the board without a change to ``hw/``: the entries of the FIFO that
+    :class:`~hw.boards.dram_board.DRAMBoard` puts between its weight-stream mux and the core
+    (``stream_register(m, "w0_fifo", ...)``; one entry passes a beat every other cycle, three or more a beat a
+    cycle). Another depth is substituted while the board elaborates; the result is a variant of the board, labelled
+    so wherever it is reported."""
     from amaranth.hdl import ClockDomain, ClockSignal, DomainRenamer, Module, ResetSignal
     from amaranth.lib import stream, wiring
     from amaranth.lib.wiring import In, Out, connect, flipped
@@ -128,7 +130,7 @@ def sim_top():
             The DDR3 model's DFI command counters (``dram``).
         """
 
-        def __init__(self, core: dram.GeneratedCore, build, w0_fifo_depth: int = 1):
+        def __init__(self, core: dram.GeneratedCore, build, w0_fifo_depth: int | None = None):
             self._core, self._build, self._w0_depth = core, build, w0_fifo_depth
             byte = stream.Signature(8)
             super().__init__({"rx": In(byte), "tx": Out(byte), "dram_clk": In(1), "dram_rst": In(1),
@@ -141,7 +143,7 @@ def sim_top():
             m.domains.dram = ClockDomain("dram")
             m.d.comb += [ClockSignal("dram").eq(self.dram_clk), ResetSignal("dram").eq(self.dram_rst)]
             m.submodules.dram = ctl = DomainRenamer({"sync": "dram"})(dram.LiteDRAMCore(core, hold_port=True))
-            board_class = DRAMBoard if self._w0_depth == 1 else _deeper_w0_fifo(DRAMBoard, self._w0_depth)
+            board_class = DRAMBoard if self._w0_depth is None else _w0_fifo_variant(DRAMBoard, self._w0_depth)
             m.submodules.board = board = board_class(build=self._build, addr_width=core.addr_width,
                                                    port_width=core.data_width, clock_hz=CORE_HZ, hold_port=True,
                                                    byte_timeout=BYTE_TIMEOUT)
@@ -163,12 +165,12 @@ def sim_top():
     return Ddr3TokenSim
 
 
-def _deeper_w0_fifo(board_class, w0_depth: int):
+def _w0_fifo_variant(board_class, w0_depth: int):
     """``board_class`` (DRAMBoard) whose ``w0_fifo`` has ``w0_depth`` entries (:func:`sim_top`): its module's
     ``stream_register`` is replaced while it elaborates."""
     import hw.boards.dram_board as db
 
-    class DeeperW0(board_class):
+    class W0Variant(board_class):
         def elaborate(self, platform):
             original = db.stream_register
 
@@ -181,7 +183,24 @@ def _deeper_w0_fifo(board_class, w0_depth: int):
             finally:
                 db.stream_register = original
 
-    return DeeperW0
+    return W0Variant
+
+
+def as_built_w0_fifo_depth() -> int:
+    """Entries of the board's weight-stream FIFO as ``hw/`` builds it (``hw.boards.dram_board.W0_FIFO_DEPTH``; 1
+    before that constant existed)."""
+    import hw.boards.dram_board as db
+
+    return int(getattr(db, "W0_FIFO_DEPTH", 1))
+
+
+def board_label(w0_fifo_depth: int | None) -> str:
+    """How a result names the simulated board: as built, or the ``w0_fifo`` variant."""
+    built = as_built_w0_fifo_depth()
+    if w0_fifo_depth is None:
+        return f"the board as built (DRAMBoard's w0_fifo: {built} entries)"
+    return (f"variant, not the board in hw/: DRAMBoard's w0_fifo with {w0_fifo_depth} entries substituted in the "
+            f"harness (hw/ builds {built})")
 
 
 # ------------------------------------------------------------------------------------------- the back door
@@ -245,7 +264,7 @@ class Build:
     meta: dict
 
 
-def _key(core, params, toolchain, w0_fifo_depth: int) -> str:
+def _key(core, params, toolchain, w0_fifo_depth: int | None) -> str:
     import amaranth
 
     h = hashlib.sha256()
@@ -253,7 +272,7 @@ def _key(core, params, toolchain, w0_fifo_depth: int) -> str:
         h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
     for p in (HARNESS_CPP, PUBLIC_VLT):
         h.update(p.read_bytes())
-    for f in (sim_top, _deeper_w0_fifo, _geometry, _bank_arrays, _monitor_words):   # this file's part of the build
+    for f in (sim_top, _w0_fifo_variant, _geometry, _bank_arrays, _monitor_words):   # this file's part of the build
         h.update(inspect.getsource(f).encode())
     h.update(json.dumps([core.directory.name, amaranth.__version__, params.gateware(), CORE_HZ, DRAM_HZ,
                          toolchain.version, BUILD_FLAGS, OPT_FAST, w0_fifo_depth]).encode())
@@ -268,9 +287,9 @@ BUILD_FLAGS = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-WIDTH", "--x-assig
 OPT_FAST = os.environ.get("MMFREE_DDR3_TOKEN_OPT", "-O1")
 
 
-def build(params=None, *, jobs: int = 2, w0_fifo_depth: int = 1, log=print) -> Build:
+def build(params=None, *, jobs: int = 2, w0_fifo_depth: int | None = None, log=print) -> Build:
     """Convert, Verilate and compile the harness for ``params`` (default :func:`design_point`), cached.
-    ``w0_fifo_depth`` other than 1 builds the proposed board of :func:`sim_top` instead of the board as built.
+    A ``w0_fifo_depth`` (not None) builds the variant of :func:`sim_top` instead of the board as built.
 
     Raises
     ------
@@ -295,7 +314,7 @@ def build(params=None, *, jobs: int = 2, w0_fifo_depth: int = 1, log=print) -> B
         if stamp.exists() and exe.exists():
             return Build(exe, root, core, params, json.loads(stamp.read_text()))
         meta: dict[str, Any] = {"params": params.gateware(), "w0_fifo_depth": w0_fifo_depth,
-                                "board": "as built" if w0_fifo_depth == 1 else "proposed: deeper w0_fifo",
+                                "board": board_label(w0_fifo_depth),
                                 "core": core.directory.name, "opt_fast": OPT_FAST,
                                 "verilator": tc.version.strip(), "jobs": jobs}
         vfile = root / f"{TOP}.v"
