@@ -123,11 +123,11 @@ def test_shipped_model(built, tmp_path):
     """The shipped model through the link (``test_board_dram.case_shipped_model``): port leveled and enabled,
     the image and table in DRAM by the back door, the driver's load finds them and skips, tokens bit-exact with
     the golden device, refresh during them, no DFI timing violation. ``MMFREE_DRAM_BENCH=1`` writes
-    ``bench/results/board_ecpix5_ddr3.json`` (the efficiency during tokens against issue 23's 85 %: recorded, not
-    asserted)."""
+    ``bench/results/board_ecpix5_ddr3.json``. The DRAM read efficiency during tokens >= 85 % (issue 23's goal;
+    47.8 % before the weight stream's FIFO to the core held three entries, 8366e7c)."""
     r, bench, load0 = case_shipped_model(built, tmp_path)
     _leveled(r)
-    assert bench["dram_read_efficiency"] > 0
+    assert bench["dram_read_efficiency"] >= 0.85, f"read efficiency {bench['dram_read_efficiency']:.3f} < 85 %"
     if os.environ.get("MMFREE_DRAM_BENCH"):
         _, core, point, _, spec = built
         extra = {
@@ -178,8 +178,8 @@ def _bound(r: dict, bench: dict, point: dict) -> dict:
         "note": "the bytes read are the image and the token's embedding row; the core's CYCLES counter spans the "
                 "cycles from 'T' to 't', so the core's intake sets the token's length and the DRAM waits: the "
                 "efficiency during tokens is the core's consumption rate over the DRAM's peak. core_cycles_per_beat "
-                "is the core's cycles per 64-bit beat read: 2 is one beat every other cycle (DRAMBoard's weight "
-                "stream FIFO of one entry, hw/boards/dram_board.py at this revision), 1 a beat a cycle",
+                "is the core's cycles per 64-bit beat read: 1 is a beat a cycle; 2, one every other cycle, was "
+                "DRAMBoard's one-entry weight stream FIFO before 8366e7c (47.8 % at a42af88)",
     }
 
 
