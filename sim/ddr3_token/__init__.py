@@ -553,7 +553,11 @@ def _device_class():
             Started and past ``init_done`` (:meth:`Harness.wait_init`) or not: the driver waits for
             ``DRAM_READY`` either way.
         level : bool
-            Run the host's read leveling (the simulation core's CSR map) instead of writing ``PORT_ENABLE``.
+            Run the host's read leveling (the simulation core's CSR map) instead of writing ``PORT_ENABLE``. It
+            fails on this simulation core (``LevelingError``: lane 0, the same bit errors at every tap and
+            bitslip): the burst the DFI injector writes lands whole in the model's array, but a read issued on
+            ``rdphase`` 0 returns its data to phase 0's ``rddata`` only, and phase 1's stays 0, where
+            ECP5DDRPHY returns the burst on both phases. The port path (the controller's reads) is unaffected.
         timeout : float
             Wall-clock seconds the driver waits for a reply (a token: 10 times that).
         """
