@@ -555,9 +555,11 @@ def _device_class():
         level : bool
             Run the host's read leveling (the simulation core's CSR map) instead of writing ``PORT_ENABLE``. It
             fails on this simulation core (``LevelingError``: lane 0, the same bit errors at every tap and
-            bitslip): the burst the DFI injector writes lands whole in the model's array, but a read issued on
-            ``rdphase`` 0 returns its data to phase 0's ``rddata`` only, and phase 1's stays 0, where
-            ECP5DDRPHY returns the burst on both phases. The port path (the controller's reads) is unaffected.
+            bitslip): the burst the DFI injector writes lands whole in the model's array, but a read returns its
+            data to phase 0's ``rddata`` register only, and phase 1's stays 0. ``SDRAMPHYModel``
+            (``litedram/phy/model.py``, 2024.12) assigns its one-bit read strobe to ``Cat`` of every phase's
+            ``rddata_valid``, which raises phase 0's alone, where ECP5DDRPHY raises all phases'. The port path (the
+            controller's reads) is unaffected.
         timeout : float
             Wall-clock seconds the driver waits for a reply (a token: 10 times that).
         """
