@@ -8,7 +8,7 @@ The simulated board (top module ``board_ddr3_sim``, ``test_board_dram.sim_top``)
   behind :class:`hw.boards.ecp5.LinkedDramBoard` (the board's UART) at the bitstream's divisor, 6 cycles a bit
   (72 MHz / 12 Mbaud), in the ``sync`` domain at 72 MHz;
 - :class:`hw.boards.ecp5.Ddr3Crossings` (``NativePortCDC`` of the top's depth, ``WishboneCDC``, the
-  synchronizers) between it and
+  synchronizers), wired by the top's own :func:`hw.boards.ecp5.cross_ddr3`, between it and
 - :class:`hw.dram.LiteDRAMCore` (``hold_port=True``) of the ECPIX-5 config's simulation core
   (``hw.dram.generate_sim_core(ECPIX5_CONFIG)``: the real LiteDRAM controller, ``SDRAMPHYModel`` with ECP5DDRPHY's
   settings at rate 1:2, ``MT41K256M16_4Gb`` timings, DFI timing checker on, the whole 512 MiB modelled) in the

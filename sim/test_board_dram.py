@@ -194,7 +194,7 @@ def sim_top(spec: BoardSim):
     from amaranth.lib.wiring import In, Out
 
     from hw.boards.dram_board import DRAMBoard
-    from hw.boards.ecp5 import Ddr3Crossings, LinkedDramBoard
+    from hw.boards.ecp5 import LinkedDramBoard, cross_ddr3
 
     class LinkSelect(wiring.Component):
         """What :class:`LinkedDramBoard` takes for the board (``rx``, ``tx``, ``rx_overflow``, ``framing``),
@@ -272,17 +272,10 @@ def sim_top(spec: BoardSim):
                 m.d.comb += [board.dram_ready.eq(ctl.init_done), board.dram_error.eq(ctl.init_error),
                              ctl.port_enable.eq(board.port_enable)]
                 done, error = ctl.init_done, ctl.init_error
-            else:                                   # two clocks: as Ddr3Ecp5Top, through its crossings
+            else:                                   # two clocks: Ddr3Ecp5Top's crossings, wired by its own code
                 m.submodules.dram = DomainRenamer("dram")(ctl)
-                m.submodules.crossings = x = Ddr3Crossings(core.addr_width, core.data_width,
-                                                           depth=point["cdc_depth"])
-                wiring.connect(m, board.port, x.port)
-                wiring.connect(m, board.ctrl, x.ctrl)
-                wiring.connect(m, x.dram_port, ctl.port)
-                wiring.connect(m, x.dram_ctrl, ctl.ctrl)
-                m.d.comb += [x.port_enable.eq(board.port_enable), ctl.port_enable.eq(x.dram_port_enable),
-                             x.init_done.eq(ctl.init_done), x.init_error.eq(ctl.init_error), x.pll_locked.eq(1),
-                             board.dram_ready.eq(x.dram_ready), board.dram_error.eq(x.dram_error)]
+                x = cross_ddr3(m, board, ctl, addr_width=core.addr_width, data_width=core.data_width,
+                               depth=point["cdc_depth"], pll_locked=1)     # the simulation core has no PLL
                 done, error = x.dram_ready, x.dram_error
             wiring.connect(m, select.board_rx, board.rx)
             wiring.connect(m, board.tx, select.board_tx)

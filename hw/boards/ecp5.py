@@ -51,7 +51,7 @@ from hw.provenance import git_revision
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "Ddr3Ecp5Top", "LinkedCore", "LinkedDramBoard",
            "pll_config", "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS",
            "DEFAULT_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS", "DDR3_PINS", "Ddr3Crossings",
-           "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE"]
+           "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE", "cross_ddr3"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -729,6 +729,43 @@ class Ddr3Crossings(wiring.Component):
         return m
 
 
+def cross_ddr3(m: Module, board, dram, *, addr_width: int, data_width: int, depth: int,
+               pll_locked) -> Ddr3Crossings:
+    """Add :class:`Ddr3Crossings` to ``m`` as submodule ``crossings`` between the board component (``sync``) and the
+    DRAM controller (``dram``), as :class:`Ddr3Ecp5Top` wires them (the whole-board simulation,
+    ``sim/test_board_ddr3.py``, wires them with this too).
+
+    Parameters
+    ----------
+    m : Module
+        The top's module.
+    board
+        The board component: ``port`` (native port), ``ctrl`` (control bus), ``port_enable``, ``dram_ready``,
+        ``dram_error`` (``hw.boards.dram_board.DRAMBoard``'s members).
+    dram : hw.dram.LiteDRAMCore
+        The controller: ``port``, ``ctrl``, ``port_enable``, ``init_done``, ``init_error``.
+    addr_width, data_width : int
+        The controller's native port (:class:`Ddr3Crossings`).
+    depth : int
+        Entries of each FIFO of the port's crossing.
+    pll_locked : Value or int
+        The controller's PLL lock (``dram.pll_locked`` of the hardware core; 1 where there is no PLL).
+
+    Returns
+    -------
+    Ddr3Crossings
+    """
+    m.submodules.crossings = x = Ddr3Crossings(addr_width, data_width, depth=depth)
+    connect(m, board.port, x.port)
+    connect(m, board.ctrl, x.ctrl)
+    connect(m, x.dram_port, dram.port)
+    connect(m, x.dram_ctrl, dram.ctrl)
+    m.d.comb += [x.port_enable.eq(board.port_enable), dram.port_enable.eq(x.dram_port_enable),
+                 x.init_done.eq(dram.init_done), x.init_error.eq(dram.init_error), x.pll_locked.eq(pll_locked),
+                 board.dram_ready.eq(x.dram_ready), board.dram_error.eq(x.dram_error)]
+    return x
+
+
 class Ddr3Ecp5Top(Elaboratable):
     """Board top of a board with DDR3 (the ECPIX-5 85F): the model in the board's DDR3, the accelerator core in its
     own faster clock domain, tokens over the link, read leveling by the host through the link.
@@ -858,14 +895,8 @@ class Ddr3Ecp5Top(Elaboratable):
         board = self._board(**params)
         m.submodules.linked = linked = LinkedDramBoard(board, divisor=self.divisor)
 
-        m.submodules.crossings = x = Ddr3Crossings(core.addr_width, core.data_width, depth=self.cdc_depth)
-        connect(m, board.port, x.port)
-        connect(m, board.ctrl, x.ctrl)
-        connect(m, x.dram_port, dram.port)
-        connect(m, x.dram_ctrl, dram.ctrl)
-        m.d.comb += [x.port_enable.eq(board.port_enable), dram.port_enable.eq(x.dram_port_enable),
-                     x.init_done.eq(dram.init_done), x.init_error.eq(dram.init_error), x.pll_locked.eq(dram.pll_locked),
-                     board.dram_ready.eq(x.dram_ready), board.dram_error.eq(x.dram_error)]
+        x = cross_ddr3(m, board, dram, addr_width=core.addr_width, data_width=core.data_width, depth=self.cdc_depth,
+                       pll_locked=dram.pll_locked)
 
         uart = platform.request("uart", 0, dir="-")
         m.submodules.uart_rx_pin = rx_pin = io.Buffer("i", uart.rx)
