@@ -16,7 +16,8 @@ each cached in a build folder keyed by (config bytes, litedram/litex/migen versi
   takes ``litex_sim``'s generic PHY settings (for SDR a read latency of 4 where GENSDRPHY has ``cl + 1`` = 3;
   for DDR3 a rate of 1:4 where ECP5DDRPHY has 1:2) and leaves the checker off. For a PHY with CSRs of its own
   (ECP5DDRPHY's read-leveling registers) the simulation core carries registers of the same names and sizes, so
-  that its CSR map, and with it the power-up writes, equal the hardware core's.
+  that its CSR map, and with it the power-up writes, equal the hardware core's, and flags read data on every DFI
+  phase as that PHY does (the model flags phase 0 only), so that the host's read leveling runs against it.
 
 :class:`LiteDRAMCore` wraps either as an Amaranth ``Instance`` in the controller clock's domain (``sync``, or
 for the DDR3 hardware core the clock it makes itself, ``dram_clk``) and runs the DRAM's power-up sequence
@@ -490,13 +491,26 @@ def generate_core(path: str | os.PathLike = ULX3S_CONFIG, *, name: str | None = 
 
 def _sim_phy_with_csrs(model, hw_phy):
     """``model`` (an ``SDRAMPHYModel``) with CSRs of the same names, kinds and sizes as ``hw_phy``'s, so that
-    the simulation core's CSR map equals the hardware core's. The registers do nothing to the model (its data
-    arrive at a fixed latency whatever the read delay or bitslip), except ``burstdet_seen``: every bit set
-    when read data arrive on the DFI, cleared by a write to ``burstdet_clr`` (ECP5DDRPHY's DQSBUFM burst
-    detector, which the leveling procedure checks)."""
+    the simulation core's CSR map equals the hardware core's, behind a DFI of its own whose read strobe is on
+    every phase.
+
+    The registers do nothing to the model (its data arrive at a fixed latency whatever the read delay or
+    bitslip), except ``burstdet_seen``: every bit set when read data arrive on the DFI, cleared by a write to
+    ``burstdet_clr`` (ECP5DDRPHY's DQSBUFM burst detector, which the leveling procedure checks).
+
+    The DFI (``.dfi``, what the controller and its DFI injector drive) passes commands and write data to the
+    model's and read data back, and raises ``rddata_valid`` of every phase with the model's one-bit read strobe,
+    as ECP5DDRPHY does (``litedram/phy/ecp5ddrphy.py``: ``phase.rddata_valid.eq(rddata_en.output) for phase in
+    dfi.phases``). ``SDRAMPHYModel`` (2024.12, ``litedram/phy/model.py``) assigns that strobe to ``Cat`` of the
+    phases' ``rddata_valid``, which raises phase 0's only: the DFI injector (``litedram/dfii.py``) latches a
+    phase's ``rddata`` register on that phase's ``rddata_valid``, so phase 1's (beats 4-7 of a BL8 burst at rate
+    1:2) stayed 0 and the host's read leveling found no working tap. The controller's reads do not use
+    ``rddata_valid`` (it counts ``read_latency``), so the port path is unchanged.
+    """
     from functools import reduce
     from operator import or_
 
+    from litedram.phy.dfi import Interface
     from litex.soc.interconnect.csr import CSR, AutoCSR, CSRStatus, CSRStorage
     from migen import If, Module
     from migen import Signal as Signal_  # noqa: N813 - Migen's, not Amaranth's
@@ -504,7 +518,16 @@ def _sim_phy_with_csrs(model, hw_phy):
     class SimPHYWithCSRs(Module, AutoCSR):
         def __init__(self):
             self.submodules.model = model
-            self.dfi, self.settings, self.module = model.dfi, model.settings, model.module
+            self.settings, self.module = model.settings, model.module
+            inner = model.dfi
+            p0 = inner.phases[0]
+            self.dfi = Interface(addressbits=len(p0.address), bankbits=len(p0.bank), nranks=len(p0.cs_n),
+                                 databits=len(p0.rddata), nphases=len(inner.phases))
+            strobe = Signal_()   # the model's read strobe: bit 0 of its Cat(rddata_valid ...)
+            self.comb += strobe.eq(p0.rddata_valid)
+            for outer, phase in zip(self.dfi.phases, inner.phases, strict=True):
+                self.comb += outer.connect(phase, omit={"rddata_valid"})
+                self.comb += outer.rddata_valid.eq(strobe)
             regs = {}
             for r in hw_phy.get_csrs():
                 kind = type(r)
@@ -515,7 +538,7 @@ def _sim_phy_with_csrs(model, hw_phy):
             if "burstdet_seen" in regs and "burstdet_clr" in regs:
                 seen, clr = regs["burstdet_seen"], regs["burstdet_clr"]
                 valid = Signal_()
-                self.comb += valid.eq(reduce(or_, [p.rddata_valid for p in model.dfi.phases]))
+                self.comb += valid.eq(reduce(or_, [p.rddata_valid for p in self.dfi.phases]))
                 self.sync += [If(clr.re, seen.status.eq(0)), If(valid, seen.status.eq(2 ** seen.size - 1))]
 
     return SimPHYWithCSRs()

@@ -589,3 +589,81 @@ def test_settings_record_is_json_and_follows_the_settings():
     g = hw["geom"]
     assert rec["geometry"] == {"banks": 2 ** g.bankbits, "rows": 2 ** g.rowbits, "columns": 2 ** g.colbits}
     assert rec["controller_clock_hz"] == hw["sys_clk_freq"] and set(rec["versions"]) == set(dram.LITEDRAM_PACKAGES)
+
+
+def _dfi_burst(phy, data: tuple) -> tuple:
+    """Migen simulation of ``phy`` (a DFI-level PHY at rate 1:2) as the DFI injector drives it for read leveling:
+    activate bank 0 row 0 on phase 0, write the burst ``data`` (phase 0's and phase 1's ``wrdata``) on
+    ``wrphase`` 1, read it on ``rdphase`` 0 with ``rddata_en``. Returns the cycles after the read command's whose
+    ``rddata_valid`` was set, per phase, and ``(p0 rddata, p1 rddata)`` latched where each phase's was set (as the
+    injector's read registers latch them; 0 if never)."""
+    from migen import run_simulation
+
+    p0, p1 = phy.dfi.phases
+    idle = {"cs_n": 1, "ras_n": 1, "cas_n": 1, "we_n": 1, "rddata_en": 0, "wrdata_en": 0}
+    seen = {0: [], 1: []}
+    latched = [0, 0]
+
+    def cmd(phase, **kw):
+        for p in (p0, p1):
+            for k, v in idle.items():
+                yield getattr(p, k).eq(kw.get(k, v) if p is phase else v)
+
+    def gen():
+        for p, d in zip((p0, p1), data, strict=True):
+            yield p.wrdata.eq(d)
+            yield p.bank.eq(0)
+            yield p.address.eq(0)
+        yield from cmd(p0, cs_n=0, ras_n=0)                        # ACT bank 0 row 0
+        yield
+        yield from cmd(None)
+        for _ in range(4):
+            yield
+        yield from cmd(p1, cs_n=0, cas_n=0, we_n=0, wrdata_en=1)    # WR on wrphase 1
+        yield
+        yield from cmd(None)
+        for _ in range(8):
+            yield
+        yield from cmd(p0, cs_n=0, cas_n=0, rddata_en=1)            # RD on rdphase 0
+        yield
+        yield from cmd(None)    # takes effect after the next edge: t = 0 is the cycle the RD is on the DFI
+        for t in range(2 * phy.settings.read_latency):
+            for n, p in enumerate((p0, p1)):
+                if (yield p.rddata_valid):
+                    seen[n].append(t)
+                    latched[n] = (yield p.rddata)
+            yield
+
+    run_simulation(phy, gen())
+    return seen, tuple(latched)
+
+
+@needs_litedram
+def test_ecpix5_sim_phy_flags_read_data_on_every_phase():
+    """The DDR3 simulation core's PHY (``hw.dram._sim_phy_with_csrs`` around ``SDRAMPHYModel`` with ECP5DDRPHY's
+    settings) raises ``rddata_valid`` on both DFI phases in the one cycle a burst's data arrive, as ECP5DDRPHY does,
+    so that the DFI injector's phase-1 read register (beats 4-7) holds the burst's second half; ``burstdet_seen``
+    is then set on both lanes. The bare model raises phase 0's only (LiteDRAM 2024.12: its one-bit read strobe
+    assigned to ``Cat`` of the phases' ``rddata_valid``), which left the host's read leveling without a working tap.
+    A small geometry (2,048 rows, for the 11 address bits the precharge-all bit needs, x 8 columns) keeps the
+    model's arrays small; its DFI path is the full core's."""
+    from litedram.phy.model import SDRAMPHYModel
+
+    cfg = dram.load_config(dram.ECPIX5_CONFIG)
+    soc = dram._hardware_soc(cfg)
+    hw_phy = dram._hardware_phy(cfg, soc)
+    tiny = type("Tiny", (dram.local_modules()["MT41K256M16_4Gb"],), {"nrows": 2048, "ncols": 8})
+    data = (0x0123456789ABCDEF, 0xFEDCBA9876543210)
+    lat = hw_phy.settings.read_latency
+
+    bare = SDRAMPHYModel(module=tiny(75e6, "1:2"), settings=hw_phy.settings, clk_freq=75e6)
+    seen, got = _dfi_burst(bare, data)
+    assert seen == {0: [lat], 1: []}, seen          # the library model: phase 0 only
+    assert got == (data[0], 0)
+
+    phy = dram._sim_phy_with_csrs(SDRAMPHYModel(module=tiny(75e6, "1:2"), settings=hw_phy.settings,
+                                                clk_freq=75e6), hw_phy)
+    seen, got = _dfi_burst(phy, data)
+    assert seen == {0: [lat], 1: [lat]}, seen       # the read latency of the settings, both phases
+    assert got == data, [hex(v) for v in got]
+    assert {r.name for r in phy.get_csrs()} == {r.name for r in hw_phy.get_csrs()}
