@@ -71,6 +71,7 @@ INPUTS = {
     "board_ecpix5_ddr3": ("bench/results/board_ecpix5_ddr3.json",
                           "MMFREE_DRAM_BENCH=1 python -m pytest -m sim sim/test_board_ddr3.py -k shipped_model"),
     "bram": ("bench/results/bram_370m.json", "python -m bench.bench_bram"),
+    "ddr3_token_370m": ("bench/results/ddr3_token_370m.json", "python -m bench.bench_ddr3_token --w0-fifo-variant 1"),
 }
 
 # Published anchors (numbers are theirs, not ours), with the caveats that keep them comparable.
@@ -730,6 +731,7 @@ def summary_section(data: dict, proj: list[dict]) -> str:
                          f"{fmt(p['tokens_per_s'])} tokens/s", f"{fmt(p['tokens_per_j'])} tokens/J", "projected",
                          "`hw/boards/facts.py` design point, `host.perf` + power estimate"])
     rows += [_board_dram_row(data, key, title) for key, title in BOARD_DRAM_BENCHES]
+    rows.append(_ddr3_token_row(data))
     g = data.get("gpu")
     if g is None:
         rows.append(["370M decode, H200 (PyTorch)", missing("gpu"), "—", "measured", "—"])
@@ -827,6 +829,38 @@ def board_dram_section(data: dict) -> str:
         row("simulated on", lambda b: f"{b['sim'].get('lscpu_model_name')}, {rev(b)}"),
     ]
     return table(head, rows)
+
+
+def _ddr3_token_row(data: dict) -> list:
+    """The summary row of the 370M-shape token in the ECPIX-5 board's C++ harness (``sim/ddr3_token``)."""
+    d = data.get("ddr3_token_370m")
+    if d is None:
+        return ["370M-shape token, ECPIX-5 DDR3 board logic", missing("ddr3_token_370m"), "—", "simulated", "—"]
+    s, b = d["summary"], d["settings"]["build"]
+    return [f"370M-shape token (random weights), ECPIX-5 DDR3 board logic ({b['lanes']} lanes, "
+            f"{fmt(d['settings']['core_hz'] / 1e6)} MHz core, {fmt(d['settings']['dram_hz'] / 1e6)} MHz controller)",
+            f"{fmt(s['tokens_per_s_simulated'])} tokens/s",
+            f"DRAM read efficiency {pct(s['dram_efficiency_token'])}, {fmt(s['cycles_per_token'])} cycles/token, "
+            f"bit-exact: {'yes' if s['bit_exact'] else '**no**'}",
+            "simulated (board logic and DRAM controller; no link time)", f"`{INPUTS['ddr3_token_370m'][0]}`"]
+
+
+def ddr3_token_section(data: dict) -> str:
+    """The 370M-shape token of ``bench/results/ddr3_token_370m.json``: the board as built beside the one-entry
+    weight-FIFO variant, against the cycle model."""
+    d = data.get("ddr3_token_370m")
+    if d is None:
+        return missing("ddr3_token_370m")
+    runs = [("the board as built", d["summary"])]
+    if d.get("w0_fifo_variant"):
+        runs.append(("one-entry weight FIFO (the board before 8366e7c)", d["w0_fifo_variant"]["summary"]))
+    head = ["board", "core cycles", "cycle model", "ratio", "DRAM read efficiency", "tokens/s (simulated)",
+            "bit-exact"]
+    rows = [[name, fmt(s["cycles_per_token"]), fmt(s["model_cycles_per_token"]), fmt(s["hw_over_model"]),
+             pct(s["dram_efficiency_token"]), fmt(s["tokens_per_s_simulated"]), "yes" if s["bit_exact"] else "**no**"]
+            for name, s in runs]
+    cpu = d.get("machine", {}).get("cpu", "—")
+    return table(head, rows) + f"\n\nSimulated on {cpu}, {rev(d)}; {d['summary']['label']}.\n"
 
 
 # ------------------------------------------------------------------------------------------ plots
@@ -959,7 +993,8 @@ def render(data: dict, figures: list[str] | None = None) -> str:
              "ESTIMATE (`host/power/estimate.py`), for boards on which nothing has run yet;\n"
              "- **published**: others' numbers, cited with their caveats.\n\n"
              "No FPGA board has decoded a token of the 370M, 1.3B or 2.7B models in this project yet: every "
-             "board figure is projected.\n")
+             "board figure is projected, except the simulated 370M-shape token of the ECPIX-5's board logic "
+             "(below), which no bitstream runs yet.\n")
     s.append("## Summary\n")
     s.append(summary_section(data, proj) + "\n")
     s.append("## DRAM boards, whole-board simulation (shipped model)\n")
@@ -970,6 +1005,13 @@ def render(data: dict, figures: list[str] | None = None) -> str:
              "the peak (one burst per tCCD). A 64-bit beat holds 40 trits (base-3): a core that takes more cycles "
              "per beat than the DRAM's peak allows is bounded by its own intake, and the DRAM waits.\n")
     s.append(board_dram_section(data) + "\n")
+    s.append("## The 370M shape on the ECPIX-5's board logic: one simulated token\n")
+    s.append("Random ternary weights at the 370M shape (hidden 1024, intermediate 2816, 24 layers, vocabulary 32,000) "
+             "through `DRAMBoard` at the 128-bit port, the clock-domain crossings and LiteDRAM's DDR3 controller "
+             "with its model, in a C++ Verilator harness (`sim/ddr3_token`); DRAM filled through a back door; the "
+             "logits compared bit for bit with the golden device. The part's block RAM cannot hold this core "
+             "until the recurrent state moves to DRAM (docs/DDR3.md), so no bitstream of this shape exists.\n")
+    s.append(ddr3_token_section(data) + "\n")
     s.append("## Sources\n")
     s.append(provenance_section(data) + "\n")
     s.append("## Cycles per token and stream efficiency\n")

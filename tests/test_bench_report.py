@@ -178,3 +178,19 @@ def test_the_dram_boards_sit_side_by_side(report, tmp_path):
 
     one = report.load_inputs(_tree(tmp_path / "one", {"board_ulx3s_dram"}))
     assert "**not yet measured** (`bench/results/board_ecpix5_ddr3.json` absent" in report.board_dram_section(one)
+
+
+def test_the_370m_token_row_says_bit_exact_and_its_variant(report):
+    """The simulated 370M token: the board as built beside the one-entry FIFO variant, the ratio to the cycle
+    model and the bit-exact verdict come from the JSON (a non-bit-exact run would be shown as such)."""
+    data = json.loads((REPO / report.INPUTS["ddr3_token_370m"][0]).read_text())
+    s = data["summary"]
+    text = report.ddr3_token_section({"ddr3_token_370m": data})
+    assert "the board as built" in text and "one-entry weight FIFO" in text
+    assert report.fmt(s["cycles_per_token"]) in text and report.fmt(s["hw_over_model"]) in text
+    row = report._ddr3_token_row({"ddr3_token_370m": data})
+    assert row[1] == f"{report.fmt(s['tokens_per_s_simulated'])} tokens/s" and "bit-exact: yes" in row[2]
+    s["bit_exact"] = False
+    assert "bit-exact: **no**" in report._ddr3_token_row({"ddr3_token_370m": data})[2]
+    assert "**no**" in report.ddr3_token_section({"ddr3_token_370m": data})
+    assert report._ddr3_token_row({})[1] == report.missing("ddr3_token_370m")
