@@ -64,14 +64,27 @@ def _check(result: dict, n_tokens: int) -> None:
 
 
 def test_small_random_model_bit_exact(built):
-    """Three tokens of a small random model, logits bit-exact with the golden device; the back door checked by the
-    board's CRC through the controller."""
+    """The host's read leveling over the link (``level=True``: :meth:`host.devices.ecp5.Ecp5Transport.level` through
+    the board's control-bus crossing), then three tokens of a small random model, logits bit-exact with the golden
+    device; the back door checked by the board's CRC through the controller, its first block (which the leveling's
+    test bursts overwrote) included.
+
+    The simulation model has no delay lines or bitslip (its read data arrive at a fixed latency), so every lane's
+    window is all 8 taps at every bitslip and the procedure picks bitslip 0, delay 3: this proves the CSR map, the DFI
+    injector's software path (both phases' read registers, ``burstdet``) and the link, not the calibration itself
+    (``tests/test_leveling.py`` tests that against a scripted PHY)."""
     from sim.ddr3_token import compile_bundle, run_case
 
     bundle = compile_bundle(_weights(SMALL, seed=3))
     ids = np.random.default_rng(5).integers(0, SMALL["vocab_size"], 3)
-    result = run_case(built, bundle, ids)
+    result = run_case(built, bundle, ids, level=True)
     _check(result, 3)
+    lanes = result["leveling_lanes"]
+    assert [ln["module"] for ln in lanes] == [0, 1], lanes
+    for ln in lanes:
+        assert (ln["bitslip"], ln["delay"], ln["window"]) == (0, 3, [0, 7]), ln
+        assert sorted(ln["scans"]) == [0, 1, 2, 3] and all(e == [0] * 8 for e in ln["scans"].values()), ln
+    assert "m1: bitslip 0, delay 3 (window 0-7 of 8 taps)" in result["leveling"], result["leveling"]
 
 
 def test_370m_token_bit_exact(built):

@@ -206,8 +206,9 @@ def board_label(w0_fifo_depth: int | None) -> str:
 # ------------------------------------------------------------------------------------------- the back door
 def _bank_arrays(verilog: str) -> list[str]:
     """The DDR3 model's bank arrays in the simulation core's Verilog, by bank: the ``mem*`` array that
-    ``bankmodel<b>_write_port_adr`` addresses."""
-    found = dict(re.findall(r"^\s*(mem(?:_\d+)?)\[bankmodel(\d+)_write_port_adr\]", verilog, re.M))
+    ``bankmodel<b>_write_port_adr`` addresses (``model_bankmodel<b>_...`` since the model sits inside the PHY
+    wrapper of ``hw.dram._sim_phy_with_csrs``)."""
+    found = dict(re.findall(r"^\s*(mem(?:_\d+)?)\[(?:model_)?bankmodel(\d+)_write_port_adr\]", verilog, re.M))
     by_bank = {int(b): name for name, b in found.items()}
     if sorted(by_bank) != list(range(len(by_bank))) or not by_bank:
         raise DeviceError(f"ddr3 token harness: bank arrays not found in the simulation core ({by_bank})")
@@ -553,13 +554,14 @@ def _device_class():
             Started and past ``init_done`` (:meth:`Harness.wait_init`) or not: the driver waits for
             ``DRAM_READY`` either way.
         level : bool
-            Run the host's read leveling (the simulation core's CSR map) instead of writing ``PORT_ENABLE``. It
-            fails on this simulation core (``LevelingError``: lane 0, the same bit errors at every tap and
-            bitslip): the burst the DFI injector writes lands whole in the model's array, but a read returns its
-            data to phase 0's ``rddata`` register only, and phase 1's stays 0. ``SDRAMPHYModel``
-            (``litedram/phy/model.py``, 2024.12) assigns its one-bit read strobe to ``Cat`` of every phase's
-            ``rddata_valid``, which raises phase 0's alone, where ECP5DDRPHY raises all phases'. The port path (the
-            controller's reads) is unaffected.
+            Run the host's read leveling (the simulation core's CSR map) instead of writing ``PORT_ENABLE``
+            (:attr:`leveling`: the :class:`host.leveling.LevelingResult`). The simulation core has no delay lines
+            or bitslip (its read data arrive at a fixed latency), so every tap of every bitslip works and the
+            procedure picks bitslip 0, delay 3, window 0-7 on both lanes: this exercises the CSR map, the DFI
+            injector and the link's control-bus path, not the calibration. It found no tap before the simulation
+            core flagged read data on every DFI phase (``hw.dram._sim_phy_with_csrs``): ``SDRAMPHYModel``
+            (``litedram/phy/model.py``, 2024.12) assigns its one-bit read strobe to ``Cat`` of the phases'
+            ``rddata_valid``, which raises phase 0's alone, so the DFI injector's phase-1 read register stayed 0.
         timeout : float
             Wall-clock seconds the driver waits for a reply (a token: 10 times that).
         """
@@ -642,7 +644,9 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
         token's first DFI read to its last), ``efficiency_read_window`` and ``efficiency_token`` (bytes read over 8
         bytes a controller cycle), ``tokens_per_s`` (simulated: :data:`CORE_HZ` over ``cycles``), ``sim_wall_s``,
         ``sim_cpu_s``, ``cycles_per_s`` (core cycles a wall second); and ``init_cycles``, ``backdoor_s``,
-        ``crc_checked`` (blocks), ``leveling`` (the result's text, or None), ``harness`` (its final counters).
+        ``crc_checked`` (blocks), ``leveling`` (the result's text, or None), ``leveling_lanes`` (per lane ``module``,
+        ``bitslip``, ``delay``, ``window`` and ``scans``: bitslip -> bit errors per tap; or None), ``harness`` (its
+        final counters).
     """
     import zlib
 
@@ -677,6 +681,10 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
                                "layout": {"image_bytes": layout.image_bytes, "embed_base": layout.embed_base,
                                           "total_bytes": layout.total_bytes},
                                "leveling": dev.leveling.format() if dev.leveling is not None else None,
+                               "leveling_lanes": None if dev.leveling is None else [
+                                   {"module": ln.module, "bitslip": ln.bitslip, "delay": ln.delay,
+                                    "window": list(ln.window), "scans": {b: list(e) for b, e in ln.scans.items()}}
+                                   for ln in dev.leveling.lanes],
                                "tokens": []}
         g_prev = gold.counters().get("hw_cycles", 0)
         d_prev = dev.counters().get("hw_cycles", 0)
