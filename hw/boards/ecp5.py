@@ -1375,8 +1375,9 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 
 
 #: The configuration each board builds by default (``make bitstream BOARD=...``): the board's design point of
-#: :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock), the link at 2 Mbaud (the core clock divided by a
-#: whole number) and nextpnr's default router1 (bitstreams/README.md). On the ECPIX-5, the sweep's choice
+#: :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock, and the link's rate: 2 Mbaud on both, the core
+#: clock divided by a whole number) and nextpnr's default router1 (bitstreams/README.md). On the ECPIX-5, the
+#: sweep's choice
 #: (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after routing; 70, 80 and 90 MHz closed
 #: too); more than 40 lanes would gain nothing, as the one 64-bit weight channel carries 40 trits a beat. On the
 #: ULX3S (-6 part), the DRAM top (``dram``: :class:`DramEcp5Top`, the model in the SDRAM) with 16 lanes at the
@@ -1387,6 +1388,6 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: committed ``bitstreams/ecpix5-85f`` is the stream top's).
 CHOSEN: dict[str, dict] = {
     key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
-          "freq_mhz": FACTS[key].design.fmax_mhz, "baud": 2_000_000, "router": "router1",
+          "freq_mhz": FACTS[key].design.fmax_mhz, "baud": FACTS[key].link_baud, "router": "router1",
           "dram": BOARDS[key].dram_config is not None, **extra}
     for key, extra in (("ecpix5-85f", {"dram": False}), ("ulx3s-85f", {"placer": "static"}))}
