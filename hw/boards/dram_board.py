@@ -19,9 +19,9 @@ table live in board DRAM, and the link carries tokens, not vectors (issue 22; do
   go into the core's channel 0, and the core's output packets come back through
   :class:`hw.argmax_tap.ArgmaxTap` (the whole packet for a token with ``TokenFlags.LOGITS``, else
   its (position, argmax, flags) summary);
-- the core (:class:`hw.top.Accelerator`), behind one-entry FIFOs on both streams
-  (:func:`hw.boards.uart_link.stream_register`) and a registered core reset, as on the boards without DRAM
-  (:class:`hw.boards.ecp5.LinkedCore`).
+- the core (:class:`hw.top.Accelerator`), behind FIFOs on both streams
+  (:func:`hw.boards.uart_link.stream_register`: :data:`W0_FIFO_DEPTH` entries on the weight stream, one on the
+  output) and a registered core reset, as on the boards without DRAM (:class:`hw.boards.ecp5.LinkedCore`).
 
 One reader and one writer share the one native port: the bridge runs one command at a time, so at most one
 of them is active (the writer owns the port during an ``'L'``, the reader otherwise).
@@ -585,7 +585,8 @@ class DRAMBoard(wiring.Component):
                     m.next = "FAIL"
             with m.State("DRAIN"):           # until the core took the last beat from the FIFO
                 m.d.comb += streaming.eq(1)
-                with m.If(~u.w0_fifo.r_rdy):
+                with m.If(u.w0_fifo.level == 0):     # not r_rdy: a beat written into an empty FIFO is in it
+                                                     # a cycle before r_rdy shows it (SyncFIFOBuffered, depth > 1)
                     m.next = "SETTLE"
             with m.State("SETTLE"):
                 m.d.comb += streaming.eq(1)
