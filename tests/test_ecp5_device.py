@@ -161,6 +161,7 @@ def test_default_rate_is_the_builds_rate(monkeypatch):
         monkeypatch.setenv("MMFREE_ECP5_BAUD", bad)
         with pytest.raises(ValueError, match="MMFREE_ECP5_BAUD"):
             Ecp5Device(serial=FakeBoard())
+        assert Ecp5Device(serial=FakeBoard(), baud=12_000_000).baud == 12_000_000    # a given rate wins
     monkeypatch.delenv("MMFREE_ECP5_BAUD")
     for board in ("pynq-z2", "ulx3s"):
         with pytest.raises(ValueError, match=f"unknown ECP5 board '{board}'.*ulx3s-85f, ecpix5-85f"):

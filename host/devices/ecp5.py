@@ -93,10 +93,11 @@ _R = isa.REGISTER_MAP
 _LATENCY_WARNED: set[str] = set()
 
 
-def board_link(board: str | None = None) -> tuple[str, str, int]:
+def board_link(board: str | None = None, baud: int | None = None) -> tuple[str, str, int]:
     """``(board, port, baud)``: the serial port and link rate the host uses for ``board`` (default
     ``$MMFREE_ECP5_BOARD`` or :data:`DEFAULT_BOARD`): ``$MMFREE_ECP5_PORT`` or the board's usual port, and
-    ``$MMFREE_ECP5_BAUD`` or its committed bitstream's rate (:attr:`hw.boards.facts.BoardFacts.link_baud`).
+    ``baud`` when given, else ``$MMFREE_ECP5_BAUD`` or the board's committed bitstream's rate
+    (:attr:`hw.boards.facts.BoardFacts.link_baud`).
 
     Raises
     ------
@@ -109,6 +110,9 @@ def board_link(board: str | None = None) -> tuple[str, str, int]:
         raise ValueError(f"unknown ECP5 board {board!r} (--board or MMFREE_ECP5_BOARD); known: "
                          f"{', '.join(ECP5_BOARDS)}")
     facts = BOARDS[board]
+    port = os.environ.get("MMFREE_ECP5_PORT") or facts.serial_port
+    if baud is not None:
+        return board, port, baud
     env = os.environ.get("MMFREE_ECP5_BAUD", "")
     try:
         baud = int(env) if env else facts.link_baud
@@ -116,7 +120,7 @@ def board_link(board: str | None = None) -> tuple[str, str, int]:
         baud = 0
     if baud <= 0:
         raise ValueError(f"MMFREE_ECP5_BAUD must be a positive integer rate in bits/s, got {env!r}")
-    return board, os.environ.get("MMFREE_ECP5_PORT") or facts.serial_port, baud
+    return board, port, baud
 
 
 def token_seconds(stream_bytes: int, baud: int = DEFAULT_BAUD) -> float:
@@ -184,8 +188,9 @@ def open_port(port_name: str, baud: int, timeout: float) -> Any:
         port = serial.Serial(port_name, baud, timeout=timeout)
     except (OSError, serial.SerialException) as exc:
         raise DeviceError(f"device 'ecp5': cannot open {port_name} at {baud} baud: {exc} "
-                          f"(name the board's serial port with --port or MMFREE_ECP5_PORT; on an ECPIX-5 the UART "
-                          f"is the FT2232H's second interface, e.g. /dev/ttyUSB1)") from exc
+                          f"(is the board plugged in? name its serial port with MMFREE_ECP5_PORT, `mmfree board "
+                          f"--port` or `--option port=`, or the board with MMFREE_ECP5_BOARD / `--board`: "
+                          f"{', '.join(f'{k} {BOARDS[k].serial_port}' for k in ECP5_BOARDS)} usually)") from exc
     set_ftdi_latency(port_name)
     return port
 
@@ -260,11 +265,13 @@ class UartLink:
             if got:
                 buf += got
             elif time.monotonic() >= deadline:
+                baud = getattr(self.port, "baudrate", None)
+                rate = f" ({baud:,} baud)" if isinstance(baud, int) else ""
                 raise LinkTimeout(f"ECP5 link: no {what} within {wait:g} s ({len(buf)} of {n} bytes): is the "
                                   f"board connected, powered and loaded with the bitstream, is this its UART (on an "
                                   f"ECPIX-5 the FT2232H's second interface, e.g. /dev/ttyUSB1, not the JTAG one), "
-                                  f"and is the port's rate the bitstream's (its report.json 'baud'; "
-                                  f"MMFREE_ECP5_BAUD)?")
+                                  f"and is the port's rate{rate} the bitstream's (its report.json 'baud'; "
+                                  f"--baud, `--option baud=` or MMFREE_ECP5_BAUD)?")
         return buf
 
     def _frame(self, want: str, timeout: float | None = None) -> tuple[int, bytes]:
@@ -1324,8 +1331,7 @@ class Ecp5Device(AcceleratorDevice):
     def __init__(self, *, port: str | None = None, baud: int | None = None, board: str | None = None,
                  timeout: float = 2.0, output_gate: str = "released", serial: Any = None, reload: bool = False,
                  progress: bool | None = None) -> None:
-        board, default_port, default_baud = board_link(board)
-        baud = default_baud if baud is None else baud
+        board, default_port, baud = board_link(board, baud)
         if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
             raise ValueError(f"baud must be a positive integer, got {baud!r}")
         port_name = port or default_port

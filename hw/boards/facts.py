@@ -169,7 +169,9 @@ BOARDS: dict[str, BoardFacts] = {
          "port_gbs": "one LiteDRAM user port, the DDR3's rate", "ports": "one DRAM controller",
          "design": "bitstreams/ecpix5-85f/report.json: 32 lanes, 4 quantize lanes, folded epilogue, 100 MHz target "
                    "(100.60 MHz after routing; hw.boards.ecp5.CHOSEN)",
-         "link_baud": "bitstreams/ecpix5-85f/report.json: 2 Mbaud = 100 MHz / 50",
+         "link_baud": "bitstreams/ecpix5-85f/report.json: 2 Mbaud = 100 MHz / 50, the ISA-1 stream build the host "
+                      "refuses; a DDR3 build at 12 Mbaud (docs/BOARDS.md section 7) needs --baud or MMFREE_ECP5_BAUD "
+                      "until it is committed and this changes with it",
          "serial_port": "the FT2232H's second interface (the first is JTAG): usually the second ttyUSB"},
         link_baud=2_000_000, serial_port="/dev/ttyUSB1"),
     "pynq-z2": BoardFacts(
