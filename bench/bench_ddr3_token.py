@@ -55,16 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     from hw import dram
     from sim import ddr3_token as dt
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=dt.SHAPE_370M["num_hidden_layers"])
-    p.add_argument("--vocab", type=int, default=dt.SHAPE_370M["vocab_size"])
+    p = argparse.ArgumentParser(prog="python -m bench.bench_ddr3_token", description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=dt.SHAPE_370M["num_hidden_layers"],
+                   help="hidden layers of the random model (default: the 370M shape's 24)")
+    p.add_argument("--vocab", type=int, default=dt.SHAPE_370M["vocab_size"],
+                   help="vocabulary of the random model (default: the 370M shape's 32000)")
     p.add_argument("--tokens", type=int, default=1, help="tokens to run (positions 0, 1, ...)")
     p.add_argument("--seed", type=int, default=0, help="host.model.random_weights seed")
     p.add_argument("--level", action="store_true", help="run the host's read leveling over the link first")
-    p.add_argument("--out", type=Path, default=RESULT)
+    p.add_argument("--out", type=Path, default=RESULT, help=f"the JSON (default: {RESULT})")
     p.add_argument("--w0-fifo-variant", type=int, default=0,
                    help="also run a variant of the board whose w0_fifo has this many entries (0: only the board as "
-                        "built)")
+                        "built; the committed JSON was made with 1, the board before 8366e7c)")
     args = p.parse_args(argv)
 
     report = provenance("ddr3_token_370m")
