@@ -569,6 +569,21 @@ def check_tokens(dev, gold: GoldenDevice, tokens: list[int], modes: list[str], l
     return out
 
 
+def load_and_check(link, bundle, tokens: list[int], label: str) -> dict:
+    """On a fresh driver: load ``bundle`` whole (every block written: nothing of it on the board yet), then
+    ``tokens`` alternately with logits and argmax-only, bit-exact (:func:`check_tokens`). Returns the load's
+    report, the token records and the board registers afterwards."""
+    dev = ecp5_device(SimSerial(link))
+    dev.load_image(bundle)
+    rep = dev.last_load
+    assert not rep.skipped and rep.blocks_written == rep.blocks_total, f"{label}: load {rep}"
+    modes = ["logits", "argmax"] * len(tokens)
+    recs = check_tokens(dev, golden_for(bundle), tokens, modes[:len(tokens)], label)
+    regs = dev.transport.read_board()
+    dev.close()
+    return {"load": asdict(rep), "tokens": recs, "board": {r.name: int(v) for r, v in regs.items()}}
+
+
 def l_commands(commands: list[Command]) -> list[tuple[int, int]]:
     """``(address, bytes)`` of each ``'L'`` in a command log."""
     return [(struct.unpack_from("<I", c.args)[0], c.data_bytes) for c in commands if c.op == lp.OP_DRAM_WRITE]
@@ -735,17 +750,7 @@ async def read_leveling(dut):
         # the leveled port in use: the tiny model through 'L' (the block the bursts overwrote rewritten), tokens
         bundle = bundle_of(tuple(p["tiny_shape"]), Path("tiny.mmf"))
 
-        def tokens():
-            dev = ecp5_device(SimSerial(link))
-            dev.load_image(bundle)
-            rep = dev.last_load
-            assert not rep.skipped and rep.blocks_written == rep.blocks_total, f"load after leveling: {rep}"
-            recs = check_tokens(dev, golden_for(bundle), [3, 17], ["logits", "argmax"], "after leveling")
-            regs = dev.transport.read_board()
-            dev.close()
-            return {"load": asdict(rep), "tokens": recs, "board": {r.name: int(v) for r, v in regs.items()}}
-
-        res.update(await host_call(link, tokens))
+        res.update(await host_call(link, load_and_check, link, bundle, [3, 17], "after leveling"))
 
 
 @cocotb.test()
@@ -762,17 +767,7 @@ async def uart_path(dut):
         res["refused"] = await host_call(link, refused_token, SimSerial(link))
         bundle = bundle_of(tuple(p["uart_shape"]), Path("uart.mmf"))
 
-        def host():
-            dev = ecp5_device(SimSerial(link))
-            dev.load_image(bundle)
-            rep = dev.last_load
-            assert not rep.skipped and rep.blocks_written == rep.blocks_total, f"first load: {rep}"
-            recs = check_tokens(dev, golden_for(bundle), [1, 5], ["logits", "argmax"], "uart")
-            regs = dev.transport.read_board()
-            dev.close()
-            return {"load": asdict(rep), "tokens": recs, "board": {r.name: int(v) for r, v in regs.items()}}
-
-        res.update(await host_call(link, host))
+        res.update(await host_call(link, load_and_check, link, bundle, [1, 5], "uart"))
         assert res["board"]["LINK_FRAMING"] == 0, "the board's UART saw bytes without a stop bit"
         assert link.framing_errors == 0 and link._frm.lost == 0, "the testbench's UART lost framing"
         res["bytes_to_board"], res["bytes_from_board"] = link.bytes_to_board, link.bytes_from_board
