@@ -17,7 +17,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.utils import ceil_log2
 
 from hw.dram_reader import check_port_widths
-from hw.dram_writer import writer_members
+from hw.dram_writer import serve_wdata, writer_members
 
 __all__ = ["DRAMWideWriter"]
 
@@ -119,14 +119,5 @@ class DRAMWideWriter(wiring.Component):
             with m.If((pos == n - 1) | (beats_left == 1)):
                 m.d.sync += ready_word.eq(1)
 
-        # data on the controller's demand
-        wdata = self.port.wdata
-        m.d.comb += [wdata.payload.data.eq(fifo.r_data[:pw]), wdata.payload.we.eq(fifo.r_data[pw:]),
-                     fifo.r_en.eq(wdata.ready)]
-        with m.If(wdata.ready):
-            m.d.sync += to_take.eq(to_take - 1)
-            with m.If(~fifo.r_rdy):
-                m.d.sync += error.eq(1)
-
-        m.d.comb += [self.busy.eq(to_take != 0), self.error.eq(error)]
+        serve_wdata(m, self, fifo.r_data[:pw], fifo.r_data[pw:], fifo, to_take, error)   # on the controller's demand
         return m

@@ -18,7 +18,7 @@ from amaranth.utils import ceil_log2
 from hw.dram import NativePortSignature
 from hw.dram_reader import check_port_widths, dram_request_layout
 
-__all__ = ["DRAMStreamWriter", "writer_members"]
+__all__ = ["DRAMStreamWriter", "serve_wdata", "writer_members"]
 
 
 def writer_members(*, addr_width: int, port_width: int, beat_width: int) -> dict:
@@ -33,6 +33,19 @@ def writer_members(*, addr_width: int, port_width: int, beat_width: int) -> dict
         "busy": Out(1),
         "error": Out(1),
     }
+
+
+def serve_wdata(m: Module, writer, data, we, fifo, to_take: Signal, error: Signal) -> None:
+    """A DRAM stream writer's write data on the controller's demand, and its ``busy``/``error`` outputs (both
+    writers): each ``wdata.ready`` takes ``data``/``we`` from ``fifo`` and counts down ``to_take`` (the words of
+    the commands issued and not yet taken); a demand that finds ``fifo`` empty sets ``error``."""
+    wdata = writer.port.wdata
+    m.d.comb += [wdata.payload.data.eq(data), wdata.payload.we.eq(we), fifo.r_en.eq(wdata.ready)]
+    with m.If(wdata.ready):
+        m.d.sync += to_take.eq(to_take - 1)
+        with m.If(~fifo.r_rdy):
+            m.d.sync += error.eq(1)
+    m.d.comb += [writer.busy.eq(to_take != 0), writer.error.eq(error)]
 
 
 class DRAMStreamWriter(wiring.Component):
@@ -109,14 +122,5 @@ class DRAMStreamWriter(wiring.Component):
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [beat.eq(self.i.payload), have.eq(ratio)]
 
-        # data on the controller's demand
-        wdata = self.port.wdata
-        m.d.comb += [wdata.payload.data.eq(fifo.r_data), wdata.payload.we.eq((1 << (self._port_width // 8)) - 1),
-                     fifo.r_en.eq(wdata.ready)]
-        with m.If(wdata.ready):
-            m.d.sync += to_take.eq(to_take - 1)
-            with m.If(~fifo.r_rdy):
-                m.d.sync += error.eq(1)
-
-        m.d.comb += [self.busy.eq(to_take != 0), self.error.eq(error)]
+        serve_wdata(m, self, fifo.r_data, (1 << (self._port_width // 8)) - 1, fifo, to_take, error)
         return m
