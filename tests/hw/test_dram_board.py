@@ -859,17 +859,23 @@ def test_corrupted_image_is_a_core_error_then_the_next_token_is_right(port_width
     bench.run(script)
 
 
-def test_read_timeout_then_reset(port_width):
-    """Reads that never return: the token ends with READ_TIMEOUT, the reader stays stopped (READER_ERROR;
-    'C' TIMEOUT, the next 'T' READ_TIMEOUT at once) until 'X', after which tokens run again."""
-    rng = np.random.default_rng(5)
+def small_image_bench(port_width: int, *, seed: int):
+    """A board around the loopback stand-in with a random 9-beat image at ``IMAGE_BASE`` and a random 9 x 13
+    int32 table at ``EMBED_BASE``: ``(bench, image, table)``."""
+    rng = np.random.default_rng(seed)
     hidden, vocab = 13, 9
     table = rng.integers(-(1 << 31), 1 << 31, size=(vocab, hidden), dtype=np.int64)
     image = rng.bytes(8 * 9)
     mem = blank_mem()
     put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
     put_bytes(mem, IMAGE_BASE, image)
-    bench = Bench(small_board(port_width), mem)
+    return Bench(small_board(port_width), mem), image, table
+
+
+def test_read_timeout_then_reset(port_width):
+    """Reads that never return: the token ends with READ_TIMEOUT, the reader stays stopped (READER_ERROR;
+    'C' TIMEOUT, the next 'T' READ_TIMEOUT at once) until 'X', after which tokens run again."""
+    bench, image, table = small_image_bench(port_width, seed=5)
     bench.model.lose_after = 5 if port_width == 16 else 2
 
     async def script(ctx, b):
@@ -897,14 +903,7 @@ def test_reset_with_reads_in_flight(port_width):
     """Reads slower than the time-out: the token ends with READ_TIMEOUT while its reads are still in flight,
     and ``'X'`` comes before their words, which arrive after it into the reset reader and are dropped: the
     next ``'C'`` and ``'T'`` read exactly their own bytes."""
-    rng = np.random.default_rng(6)
-    hidden, vocab = 13, 9
-    table = rng.integers(-(1 << 31), 1 << 31, size=(vocab, hidden), dtype=np.int64)
-    image = rng.bytes(8 * 9)
-    mem = blank_mem()
-    put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
-    put_bytes(mem, IMAGE_BASE, image)
-    bench = Bench(small_board(port_width), mem)
+    bench, image, table = small_image_bench(port_width, seed=6)
 
     async def script(ctx, b):
         await configure(ctx, b, image, table)
