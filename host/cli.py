@@ -348,7 +348,8 @@ def _device_options(pairs: list[str] | None) -> dict:
 def _board_options(device: str, board: str, options: dict, image: Path | None = None) -> dict:
     """Device options of ``bench`` and ``power``: the golden device models ``board``'s design point
     (:attr:`hw.boards.facts.BoardFacts.design`: lanes, channels, bus width, quantize lanes, clock) unless
-    ``--option`` sets a parameter; other devices report their own build.
+    ``--option`` sets a parameter; the ``ecp5`` device is told the board (``board=``: its serial port, link rate
+    and DRAM facts) unless ``--option board=`` names one; other devices report their own build.
 
     Raises
     ------
@@ -358,6 +359,8 @@ def _board_options(device: str, board: str, options: dict, image: Path | None = 
     """
     from hw.boards.facts import BOARDS
 
+    if device == "ecp5" and board in BOARDS and BOARDS[board].family == "ecp5":
+        return {"board": board, **options}
     if device != "golden" or board not in BOARDS:
         return options
     out = {**BOARDS[board].design.device_kwargs(), **options}

@@ -210,9 +210,12 @@ def bench(device: Device, checkpoint: Any, *, tokens: int = 16, board: str = "kv
     if "hw_cycles" in after and n:
         cyc = (after["hw_cycles"] - before.get("hw_cycles", 0)) / n
         src = "cycle model (host.perf)" if device.name == "golden" else "hardware counters"
-        out.update({"cycles_per_token": cyc, "cycles_source": src, "fmax_mhz": fmax,
-                    "cycle_tokens_per_s": fmax * 1e6 / cyc})
-        if "roofline" in out:
+        out.update({"cycles_per_token": cyc, "cycles_source": src, "fmax_mhz": fmax})
+        if cyc <= 0:    # TOKENS advanced and CYCLES did not: no cycle-based rate rather than a division by zero
+            out["cycles_note"] = f"the {src}' CYCLES did not advance over {n} token(s): no cycle-based rate"
+        else:
+            out["cycle_tokens_per_s"] = fmax * 1e6 / cyc
+        if "cycle_tokens_per_s" in out and "roofline" in out:
             out["pct_of_roofline_cycles"] = 100.0 * out["cycle_tokens_per_s"] / out["roofline"]["bound"]
     rep = getattr(device, "cycles_report", None)
     r = rep() if callable(rep) else None

@@ -414,6 +414,32 @@ def test_cli_board_info_status_load_memtest(bundle_path, bundle, on_port):
     assert rc == 2 and "multiple of 8" in err
 
 
+def test_cli_bench_and_power_tell_the_ecp5_device_their_board(monkeypatch, bundle_path, tmp_path):
+    """``mmfree bench``/``power`` ``--device ecp5 --board B`` open board B's serial port at its link rate
+    (``--board`` names the roofline and the power rails there; the device must talk to that same board)."""
+    from hw.boards.facts import BOARDS
+
+    opened = []
+    monkeypatch.setattr(ecp5, "open_port", lambda name, baud, timeout: opened.append((name, baud)) or
+                        FakeEcp5Board(link_version=2))
+    for var in ("MMFREE_ECP5_BAUD", "MMFREE_ECP5_BOARD", "MMFREE_ECP5_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    want = ("/dev/ttyUSB1", BOARDS["ecpix5-85f"].link_baud)
+    rc, out, err = _cli(["bench", "--image", str(bundle_path), "--device", "ecp5", "--board", "ecpix5-85f",
+                         "--tokens", "1"])
+    assert rc == 0, err
+    assert opened and set(opened) == {want}
+    rep = json.loads(out)
+    assert rep["device"] == "ecp5" and rep["board"] == "ecpix5-85f" and rep["device_options"]["board"] == "ecpix5-85f"
+    # the fake's counters are the golden machine's activity counts, without CYCLES: said, not divided by
+    assert rep["cycles_per_token"] == 0 and "did not advance" in rep["cycles_note"]
+    assert "cycle_tokens_per_s" not in rep
+    rc, out, err = _cli(["bench", "--image", str(bundle_path), "--device", "ecp5", "--board", "ecpix5-85f",
+                         "--tokens", "1", "--option", "board=ulx3s-85f"])
+    assert rc == 0, err
+    assert opened[-1] == ("/dev/ttyUSB0", BOARDS["ulx3s-85f"].link_baud)
+
+
 def test_cli_generate_on_the_dram_board_is_the_golden_devices(bundle_path, on_port):
     on_port(FakeEcp5Board(link_version=2))
     args = ["generate", "--image", str(bundle_path), "--prompt", PROMPT, "--max-new-tokens", "8", "--temperature",
