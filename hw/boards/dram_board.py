@@ -61,6 +61,7 @@ from hw.dram_init import WishboneSignature
 from hw.dram_reader import DRAMImageReader
 from hw.dram_wide_writer import DRAMWideWriter
 from hw.dram_writer import DRAMStreamWriter
+from hw.isa import REGISTER_MAP, Status, register_base
 from hw.params import BuildParams
 from hw.streams import AXIStreamSignature
 from hw.token_builder import TokenBuilder
@@ -75,6 +76,8 @@ BEAT_BITS = 64
 #: cannot be written and read in one cycle (two entries still pass a beat every other cycle: measured by
 #: ``tests/hw/test_dram_board.py::test_weights_reach_the_core_a_beat_a_cycle``).
 W0_FIFO_DEPTH = 3
+#: the core's ``STATUS`` on its AXI4-Lite port, which the token engine reads at a token's end
+STATUS_ADDR = register_base("ecp5") + REGISTER_MAP.STATUS
 
 
 def _int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -103,7 +106,8 @@ class DRAMBoard(wiring.Component):
         :class:`~hw.boards.uart_link.LinkBridge`'s, clock cycles.
     core : wiring.Component, optional
         The core (default ``hw.top.Accelerator(build)``); a stand-in needs its members ``s_axil``,
-        ``s_axis_w0`` (64 bits), ``m_axis_out`` (32 bits) and ``irq``.
+        ``s_axis_w0`` (64 bits), ``m_axis_out`` (32 bits) and ``irq``, and a ``'T'`` replies only once
+        ``irq`` is high after its image went in, with ``STATUS`` (:class:`hw.isa.Status`) saying done or error.
     dram_timeout : int
         Cycles of waiting on the controller without progress before a read (the reader's ``timeout``) or a
         write gives up (``DramStatus.TIMEOUT``, ``TokenStatus.READ_TIMEOUT``; default 4096, 82 us at 50 MHz).
@@ -243,7 +247,6 @@ class DRAMBoard(wiring.Component):
         m.submodules.writer = reset(writer)
         m.submodules.builder = reset(builder)
         m.submodules.tap = reset(tap)
-        connect(m, br.axil, core.s_axil)
         m.d.comb += self.irq.eq(core.irq)
 
         # the streams: w0_in (the mux's output) -> FIFO -> core; core -> FIFO -> tap -> bridge
@@ -263,7 +266,8 @@ class DRAMBoard(wiring.Component):
         m.d.comb += u.usable.eq(self.dram_ready & u.regs.port_enabled)
         u.write_owner = self._dram_engine(m, u)
         self._ctrl_engine(m, u)
-        self._token_engine(m, u)
+        status_read = self._token_engine(m, u)
+        self._core_bus(m, u, status_read)
         self._port_mux(m, u)
         return m
 
@@ -493,12 +497,34 @@ class DRAMBoard(wiring.Component):
         ``READ_TIMEOUT`` (the reader stopped after an earlier time-out), then the
         builder's ``BAD_TOKEN``/``BAD_HIDDEN`` (``EMBED_HIDDEN`` above ``max_hidden`` reaches the builder as
         0). A read that times out mid-token ends it with ``READ_TIMEOUT`` (the core waits for the rest of
-        its stream until ``'X'``). ``CORE_ERROR``: the core's ``irq`` is high once the image's last beat has
-        entered the core (taken from the stream FIFO), which then means ``STATUS.ERROR``: ``DONE`` cannot be
-        set before the core has taken its image's last beat, and the previous token's ``DONE`` was cleared
-        when the core read this token packet's magic. While in error the core takes and drops its input, so
-        the image stream always finishes. ``'S'`` beats pass to the core while no token runs."""
+        its stream until ``'X'``). While in error the core takes and drops its input, so the image stream
+        always finishes.
+
+        Once the image's last beat has entered the core (taken from the stream FIFO), the engine waits for the
+        core's ``irq`` (``STATUS.DONE | ERROR``, a level), then reads ``STATUS`` on the core's AXI4-Lite read
+        channels (:meth:`_core_bus`) and replies ``CORE_ERROR`` if it has ``ERROR``, else 0. The core checks a
+        weight block's CRC word (``ErrorCause.WEIGHT_CRC``) only when it reaches the block, which for the last
+        block can be thousands of cycles after it took the image's last beat (its own weight FIFO holds up to
+        ``weight_fifo_beats`` beats), so ``irq`` low at that beat does not mean success. ``irq`` describes this
+        token then: the previous ``'T'`` replied only once the core was done or in error, so the core read
+        this token packet's magic, which clears ``DONE``, as it arrived, long before the image behind it (a
+        DRAM read later) has entered; an ``ERROR`` still standing (no ``CTRL.clear`` since) is this token's
+        too, whose stream the core dropped. (A host that streams tokens with ``'S'`` reads their output
+        before it sends a ``'T'``.)
+
+        The wait ends: with its image in, the core finishes the token, ``DONE``, or ``ERROR`` for any fault (an
+        image cut short: ``TRUNCATED``, as the image's last beat carries ``tlast``); its output words leave
+        meanwhile, as ``'o'`` frames (the bridge sends them whenever no reply waits) or into the tap, so
+        its output cannot hold it up for good. A core reset ends the wait with ``READ_TIMEOUT`` (the token
+        cut short); the bridge takes no ``'X'`` while it waits for this reply, so that is only a guard. The
+        bridge issues no register access either then, so the engine's read cannot collide with one.
+        ``'S'`` beats pass to the core while no token runs.
+
+        Returns the engine's side of the core's read channels (``owner``, ``arvalid``, ``rready``: 1 bit
+        each) for :meth:`_core_bus`."""
         bp, reader, builder, core = u.bridge.board, u.reader, u.builder, u.core
+        bus = core.s_axil
+        sr = SimpleNamespace(owner=Signal(), arvalid=Signal(), rready=Signal())    # the engine's STATUS read
         regs, w0_in, w0 = u.regs, u.w0_in, u.bridge.w0
         token, position, logits = Signal(32), Signal(32), Signal()
         status = Signal(8)
@@ -587,11 +613,26 @@ class DRAMBoard(wiring.Component):
                 m.d.comb += streaming.eq(1)
                 with m.If(u.w0_fifo.level == 0):     # not r_rdy: a beat written into an empty FIFO is in it
                                                      # a cycle before r_rdy shows it (SyncFIFOBuffered, depth > 1)
-                    m.next = "SETTLE"
-            with m.State("SETTLE"):
+                    m.next = "CORE_WAIT"
+            with m.State("CORE_WAIT"):       # until the core is done or in error
                 m.d.comb += streaming.eq(1)
-                m.d.sync += status.eq(Mux(core.irq, TokenStatus.CORE_ERROR, 0))
-                m.next = "REPLY"
+                with m.If(u.core_rst):
+                    m.next = "FAIL"
+                with m.Elif(core.irq):
+                    m.next = "STATUS_AR"
+            with m.State("STATUS_AR"):       # the core's STATUS, on the read channels the engine owns now
+                m.d.comb += [streaming.eq(1), sr.owner.eq(1), sr.arvalid.eq(1)]
+                with m.If(u.core_rst):
+                    m.next = "FAIL"
+                with m.Elif(bus.arready):
+                    m.next = "STATUS_R"
+            with m.State("STATUS_R"):
+                m.d.comb += [streaming.eq(1), sr.owner.eq(1), sr.rready.eq(1)]
+                with m.If(u.core_rst):
+                    m.next = "FAIL"
+                with m.Elif(bus.rvalid):
+                    m.d.sync += status.eq(Mux((bus.rdata & Status.ERROR.value) != 0, TokenStatus.CORE_ERROR, 0))
+                    m.next = "REPLY"
             with m.State("FAIL"):
                 m.d.sync += status.eq(TokenStatus.READ_TIMEOUT)
                 m.next = "REPLY"
@@ -611,12 +652,31 @@ class DRAMBoard(wiring.Component):
             m.d.sync += after_token.eq(0)
         self._tap_mode(m, u, start=start | s_start, argmax_only=start & ~logits, owes=start,
                        quiet_allowed=~streaming)
+        return sr
+
+    def _core_bus(self, m, u, sr):
+        """The core's AXI4-Lite port: the write channels from the bridge; the read channels from the bridge,
+        or from the token engine while ``sr.owner`` (one read of ``STATUS``; the bridge, then waiting for the
+        token's reply, issues no access, and sees ``arready`` and ``rvalid`` low)."""
+        bus, mgr = u.core.s_axil, u.bridge.axil
+        m.d.comb += [bus.awaddr.eq(mgr.awaddr), bus.awprot.eq(mgr.awprot), bus.awvalid.eq(mgr.awvalid),
+                     mgr.awready.eq(bus.awready), bus.wdata.eq(mgr.wdata), bus.wstrb.eq(mgr.wstrb),
+                     bus.wvalid.eq(mgr.wvalid), mgr.wready.eq(bus.wready), mgr.bresp.eq(bus.bresp),
+                     mgr.bvalid.eq(bus.bvalid), bus.bready.eq(mgr.bready),
+                     mgr.rdata.eq(bus.rdata), mgr.rresp.eq(bus.rresp)]
+        with m.If(sr.owner):
+            m.d.comb += [bus.araddr.eq(STATUS_ADDR), bus.arvalid.eq(sr.arvalid), bus.rready.eq(sr.rready)]
+        with m.Else():
+            m.d.comb += [bus.araddr.eq(mgr.araddr), bus.arprot.eq(mgr.arprot), bus.arvalid.eq(mgr.arvalid),
+                         mgr.arready.eq(bus.arready), bus.rready.eq(mgr.rready), mgr.rvalid.eq(bus.rvalid)]
 
     def _tap_mode(self, m, u, *, start, argmax_only, owes, quiet_allowed):
         """The tap's ``argmax_only``, which it samples with each output packet's first word, must be the
-        flag of the token that packet belongs to. A token's stream may start before the previous token's
-        packet has (the core's weight FIFO can hold that token's LM head while the link has already sent the
-        last beat), so a new token's flag waits while an earlier token still owes its packet.
+        flag of the token that packet belongs to. A ``'T'`` replies only once the core's ``irq`` is high, by
+        when that token's packet has left the core (or the core stopped in error), so the next token's
+        stream starts after it; as a guard all the same (a reply that came as soon as the image had entered
+        the core, which the core's weight FIFO can hold whole, let it start earlier), a new token's flag waits
+        while an earlier token still owes its packet.
 
         A token owes its packet from its start until the packet's first word passed the tap, or until the
         core is quiet with nothing to send: ``irq`` high (done or error), no packet open at the core's output

@@ -25,7 +25,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from amaranth.hdl import Module, UnusedElaboratable
+from amaranth.hdl import Module, Mux, Signal, UnusedElaboratable
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 from amaranth.sim import Simulator
@@ -42,8 +42,9 @@ from hw.boards.dram_board import DRAMBoard
 from hw.dram import NativePortSignature
 from hw.dram_init import DRAMControl, WishboneSignature
 from hw.params import BuildParams
+from hw.regs import RegisterBlock
 from tests.hw.test_dram_reader import PORT_WIDTHS, NativePortModel, addr_width_for
-from tests.hw.uart_sim import LoopbackCore
+from tests.hw.uart_sim import ID_VALUES, LoopbackCore
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -265,11 +266,59 @@ def port_width(request) -> int:
     return request.param
 
 
+#: the last beat of an image that :class:`TokenCore` fails, :data:`TokenCore.LATE` cycles after taking it
+LATE_ERROR_BEAT = b"LATE-ERR"
+
+
+class TokenCore(LoopbackCore):
+    """The loopback stand-in (each 64-bit beat comes back as two output words) with the core's ``irq`` and
+    ``STATUS`` as a token sees them: ``DONE`` clears when a packet's first beat is taken and is set when an
+    output word with ``tlast`` leaves, so a token (its packet, then its image) is done once its image's last
+    word has left. A packet whose last beat is :data:`LATE_ERROR_BEAT` is dropped and, :attr:`LATE` cycles
+    after that beat was taken, sets ``ERROR`` (``ERROR_CAUSE`` ``WEIGHT_CRC``, as the core's check of an
+    image's last weight block would); ``CTRL.clear`` clears it."""
+
+    LATE = 300
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.regs = regs = RegisterBlock(id_values=ID_VALUES)
+        connect(m, flipped(self.s_axil), regs.axil)
+        done, error, first = Signal(), Signal(), Signal(init=1)
+        late = Signal(range(self.LATE + 1))
+        hold, hold_last = Signal(64), Signal()
+        half = Signal(2)            # 0 empty, 2 words to send, 1 word left
+        w, o = self.s_axis_w0, self.m_axis_out
+        m.d.comb += [regs.host.done.eq(done), regs.host.error.eq(error), self.irq.eq(done | error),
+                     regs.host.error_cause.eq(Mux(error, isa.ErrorCause.WEIGHT_CRC.value, 0)),
+                     w.tready.eq(half == 0)]
+        with m.If(w.tvalid & w.tready):
+            m.d.sync += first.eq(w.tlast)
+            with m.If(first):
+                m.d.sync += done.eq(0)
+            with m.If(w.tlast & (w.tdata == int.from_bytes(LATE_ERROR_BEAT, "little"))):
+                m.d.sync += late.eq(self.LATE)
+            with m.Else():
+                m.d.sync += [hold.eq(w.tdata), hold_last.eq(w.tlast), half.eq(2)]
+        with m.If(late != 0):
+            m.d.sync += late.eq(late - 1)
+            with m.If(late == 1):
+                m.d.sync += error.eq(1)
+        m.d.comb += [o.tvalid.eq(half != 0), o.tdata.eq(hold.word_select(half == 1, 32)),
+                     o.tlast.eq((half == 1) & hold_last)]
+        with m.If(o.tvalid & o.tready):
+            m.d.sync += half.eq(half - 1)
+            with m.If(o.tlast):
+                m.d.sync += done.eq(1)
+        with m.If(regs.host.clear):
+            m.d.sync += error.eq(0)
+        return m
+
+
 def small_board(port_width: int = 16, **kw) -> DRAMBoard:
-    """A board around the loopback stand-in core (each 64-bit beat comes back as two output words), its port
-    ``port_width`` bits wide over the 32 KiB test DRAM."""
+    """A board around :class:`TokenCore`, its port ``port_width`` bits wide over the 32 KiB test DRAM."""
     return DRAMBoard(build=BUILD, addr_width=addr_width_for(port_width, ADDR_WIDTH), port_width=port_width,
-                     clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT, core=LoopbackCore(), dram_timeout=200, **kw)
+                     clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT, core=TokenCore(), dram_timeout=200, **kw)
 
 
 def blank_mem(seed=1):
@@ -696,8 +745,8 @@ def test_token_packet_and_image_reach_channel_zero(port_width, image_base, embed
     bench.run(script)
 
 
-class SinkCore(LoopbackCore):
-    """The loopback stand-in's registers, taking a weight beat every cycle and sending nothing back."""
+class SinkCore(TokenCore):
+    """:class:`TokenCore`, taking a weight beat every cycle (and echoing only some of them)."""
 
     def elaborate(self, platform):
         m = super().elaborate(platform)
@@ -859,6 +908,42 @@ def test_corrupted_image_is_a_core_error_then_the_next_token_is_right(port_width
     bench.run(script)
 
 
+@pytest.mark.slow
+def test_a_bad_crc_in_the_last_weight_block_is_a_core_error(port_width):
+    """The CRC word of the image's last weight block changed in DRAM: the core finds it only when it reaches
+    that block, after it has taken the image's last beat (the whole tiny image fits its weight FIFO), and the
+    token's status is still CORE_ERROR (ERROR_CAUSE WEIGHT_CRC at the last GEMV); the image restored and
+    CTRL.clear written, the next token is right."""
+    image, table = tiny_model()
+    parsed = parse_image(image)
+    idx, last = [(k, ins) for k, ins in enumerate(parsed.instructions) if ins.blocks][-1]
+    crc_at = last.weight_offset + sum(len(blk) for blk in last.blocks) - 4
+    bad = bytearray(image)
+    bad[crc_at] ^= 0x01
+    with pytest.raises(ImageError) as err:
+        parse_image(bytes(bad))
+    assert (err.value.cause, err.value.instruction) == (isa.ErrorCause.WEIGHT_CRC, idx)
+    bases = BASES[port_width]
+    mem = model_mem(bytes(bad), table, bases)
+    gold = GoldenMachine(image)
+    want = gold.run_token(make_token_packet(table[9], position=0, logits=False), gold.init_state()).output
+    bench = Bench(real_board(port_width), mem)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table, bases=bases)
+        assert await b.token(ctx, 9, 0) == lp.TokenStatus.CORE_ERROR
+        assert await b.core_read(ctx, R.STATUS) & isa.Status.ERROR.value
+        assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC.value
+        assert await b.core_read(ctx, R.ERROR_WHERE) == idx
+        put_bytes(mem, bases[0], image)
+        await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR.value)
+        b.words, b.packets = [], []          # the host drops what an error cut short
+        assert await b.token(ctx, 9, 0) == 0
+        assert await b.output(ctx, 1) == [summary(want)]
+
+    bench.run(script)
+
+
 def small_image_bench(port_width: int, *, seed: int):
     """A board around the loopback stand-in with a random 9-beat image at ``IMAGE_BASE`` and a random 9 x 13
     int32 table at ``EMBED_BASE``: ``(bench, image, table)``."""
@@ -870,6 +955,35 @@ def small_image_bench(port_width: int, *, seed: int):
     put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
     put_bytes(mem, IMAGE_BASE, image)
     return Bench(small_board(port_width), mem), image, table
+
+
+def test_an_error_after_the_image_is_in_is_a_core_error(port_width):
+    """The stand-in raises ERROR :attr:`TokenCore.LATE` cycles after it took the image's last beat (as the
+    core's check of the last weight block's CRC can): the token's status is CORE_ERROR, not 0, and the core's
+    STATUS has ERROR (ERROR_CAUSE WEIGHT_CRC). Tokens before and after it (the image restored, CTRL.clear
+    written) report 0 with their output whole."""
+    bench, image, table = small_image_bench(port_width, seed=7)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table)
+        assert await b.token(ctx, 2, 0, lp.TokenFlags.LOGITS) == 0
+        assert await b.output(ctx, 2) == [make_token_packet(table[2], position=0, logits=True), image]
+        put_bytes(b.mem, IMAGE_BASE, image[:-8] + LATE_ERROR_BEAT)
+        start = b.cycle
+        assert await b.token(ctx, 3, 1, lp.TokenFlags.LOGITS) == lp.TokenStatus.CORE_ERROR
+        assert b.cycle - start > TokenCore.LATE
+        assert await b.core_read(ctx, R.STATUS) == isa.Status.ERROR.value
+        assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC.value
+        assert await b.output(ctx, 1) == [make_token_packet(table[3], position=1, logits=True)]
+        assert b"".join(w.to_bytes(4, "little") for w in b.words) == image[:-8]
+        put_bytes(b.mem, IMAGE_BASE, image)
+        await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR.value)
+        b.words = []                         # the host drops what an error cut short
+        assert await b.token(ctx, 4, 2, lp.TokenFlags.LOGITS) == 0
+        assert await b.output(ctx, 2) == [make_token_packet(table[4], position=2, logits=True), image]
+        assert await b.core_read(ctx, R.STATUS) == isa.Status.DONE.value
+
+    bench.run(script)
 
 
 def test_read_timeout_then_reset(port_width):
