@@ -947,7 +947,7 @@ class TokenTiming:
     mode: str
     token: int
     position: int
-    cycles_to_status: int       #: 'T' received -> its 't' sent (the image's last beat has entered the core)
+    cycles_to_status: int       #: 'T' received -> its 't' sent (the core has finished the token: its irq)
     cycles_to_output: int       #: 'T' received -> the last output frame sent
     dram_cycles_to_status: int  #: 'T' received -> its 't' sent, in controller cycles (the board's own on the ULX3S)
     dram_cycles_to_output: int  #: 'T' received -> the last output frame sent, in controller cycles
@@ -960,19 +960,20 @@ class TokenTiming:
 
 
 def token_timings(link: BoardLink, since_cmd: int, since_frame: int) -> list[tuple]:
-    """Pair each ``'T'`` of the log with its ``'t'`` and its output's last frame."""
+    """Pair each ``'T'`` of the log with its ``'t'`` and its output's last frame: the frames between this ``'T'``
+    and the next (the host sends the next only once it has read this token's output). The board sends the ``'t'``
+    once the core is done (``irq``), so a logits packet's frames come before it and an argmax summary's before or
+    after it."""
     cmds = [c for c in link.commands[since_cmd:] if c.op == lp.OP_TOKEN]
     frames = link.frames[since_frame:]
-    out, k = [], 0
-    for c in cmds:
-        while frames[k].head != lp.REP_TOKEN:
-            k += 1
-        status = frames[k]
-        j = k + 1
-        while not (frames[j].head == lp.REP_OUTPUT and frames[j].body[4] & 1):
-            j += 1
-        out.append((c, status, frames[j]))
-        k = j + 1
+    out = []
+    for i, c in enumerate(cmds):
+        end = cmds[i + 1].t_ps if i + 1 < len(cmds) else float("inf")
+        mine = [f for f in frames if c.t_ps < f.t_ps < end]
+        status = [f for f in mine if f.head == lp.REP_TOKEN]
+        last = [f for f in mine if f.head == lp.REP_OUTPUT and f.body[4] & 1]
+        assert len(status) == 1 and last, f"'T' {i}: {len(status)} 't' and {len(last)} last output frames"
+        out.append((c, status[0], last[-1]))
     return out
 
 
