@@ -78,6 +78,8 @@ BEAT_BITS = 64
 W0_FIFO_DEPTH = 3
 #: the core's ``STATUS`` on its AXI4-Lite port, which the token engine reads at a token's end
 STATUS_ADDR = register_base("ecp5") + REGISTER_MAP.STATUS
+#: ``Status.ERROR``'s bit in that register
+ERROR_BIT = Status.ERROR.value.bit_length() - 1
 
 
 def _int(name: str, value: object, low: int, high: int | None = None) -> int:
@@ -524,7 +526,9 @@ class DRAMBoard(wiring.Component):
         each) for :meth:`_core_bus`."""
         bp, reader, builder, core = u.bridge.board, u.reader, u.builder, u.core
         bus = core.s_axil
-        sr = SimpleNamespace(owner=Signal(), arvalid=Signal(), rready=Signal())    # the engine's STATUS read
+        # the engine's STATUS read: registered ownership, arvalid and rready (no combinational path from the
+        # core's arready/rvalid back to its arvalid/rready)
+        sr = SimpleNamespace(owner=Signal(), arvalid=Signal(), rready=Signal())
         regs, w0_in, w0 = u.regs, u.w0_in, u.bridge.w0
         token, position, logits = Signal(32), Signal(32), Signal()
         status = Signal(8)
@@ -618,20 +622,23 @@ class DRAMBoard(wiring.Component):
                 m.d.comb += streaming.eq(1)
                 with m.If(u.core_rst):
                     m.next = "FAIL"
-                with m.Elif(core.irq):
+                with m.Elif(core.irq):       # the engine takes the read channels and asks for STATUS
+                    m.d.sync += [sr.owner.eq(1), sr.arvalid.eq(1)]
                     m.next = "STATUS_AR"
             with m.State("STATUS_AR"):       # the core's STATUS, on the read channels the engine owns now
-                m.d.comb += [streaming.eq(1), sr.owner.eq(1), sr.arvalid.eq(1)]
+                m.d.comb += streaming.eq(1)
                 with m.If(u.core_rst):
                     m.next = "FAIL"
                 with m.Elif(bus.arready):
+                    m.d.sync += [sr.arvalid.eq(0), sr.rready.eq(1)]
                     m.next = "STATUS_R"
             with m.State("STATUS_R"):
-                m.d.comb += [streaming.eq(1), sr.owner.eq(1), sr.rready.eq(1)]
+                m.d.comb += streaming.eq(1)
                 with m.If(u.core_rst):
                     m.next = "FAIL"
                 with m.Elif(bus.rvalid):
-                    m.d.sync += status.eq(Mux((bus.rdata & Status.ERROR.value) != 0, TokenStatus.CORE_ERROR, 0))
+                    m.d.sync += [status.eq(Mux(bus.rdata[ERROR_BIT], TokenStatus.CORE_ERROR, 0)),
+                                 sr.owner.eq(0), sr.rready.eq(0)]
                     m.next = "REPLY"
             with m.State("FAIL"):
                 m.d.sync += status.eq(TokenStatus.READ_TIMEOUT)
@@ -640,6 +647,9 @@ class DRAMBoard(wiring.Component):
                 m.d.comb += [bp.token_done.valid.eq(1), bp.token_done.payload.eq(status)]
                 with m.If(bp.token_done.ready):
                     m.next = "IDLE"
+
+        with m.If(u.core_rst):  # the read abandoned (the engine goes to FAIL): the channels back to the bridge
+            m.d.sync += [sr.owner.eq(0), sr.arvalid.eq(0), sr.rready.eq(0)]
 
         s_start = Signal()      # an 'S' stream after a token: the tap passes its output through
         after_token = Signal()
