@@ -860,7 +860,51 @@ def ddr3_token_section(data: dict) -> str:
              pct(s["dram_efficiency_token"]), fmt(s["tokens_per_s_simulated"]), "yes" if s["bit_exact"] else "**no**"]
             for name, s in runs]
     cpu = d.get("machine", {}).get("cpu", "—")
-    return table(head, rows) + f"\n\nSimulated on {cpu}, {rev(d)}; {d['summary']['label']}.\n"
+    out = table(head, rows) + f"\n\nSimulated on {cpu}, {rev(d)}; {d['summary']['label']}.\n"
+    proj = ddr3_projection(data)
+    if proj:
+        out += ("\nProjected from that token: each shape's token on the same board logic takes the longer of the cycle "
+                "model's core time (the token's build at its core clock) and the DRAM time (the image over the peak "
+                f"of {fmt(proj[0]['peak_bytes_per_cycle'])} bytes per controller cycle at the simulated "
+                f"{pct(proj[0]['efficiency'])}). The 370M row checks the method against the simulated token; the "
+                "1.3B shape would also need buffers for its hidden size of 2048 and the recurrent state in DRAM "
+                "(docs/DDR3.md, \"What remains\"), so no bitstream runs it.\n\n")
+        out += table(["shape", "image bytes", "core time (cycle model)", "DRAM time", "tokens/s", "bound", "status"],
+                     [[p["model"], fmt(p["image_bytes"]), f"{fmt(p['core_s'] * 1e3)} ms",
+                       f"{fmt(p['dram_s'] * 1e3)} ms", fmt(p["tokens_per_s"]), p["bound"], "projected"]
+                      for p in proj]) + "\n"
+    return out
+
+
+def ddr3_projection(data: dict) -> list[dict]:
+    """The 370M and 1.3B shapes on the ECPIX-5's DDR3 board logic at the DRAM read efficiency of the simulated
+    370M-shape token (``bench/results/ddr3_token_370m.json``), PROJECTED: a token takes the longer of
+    :func:`host.perf.token_prediction`'s cycles at the token's core clock and its image's bytes over the DRAM's
+    peak (DDR: ``databits`` x 2 transfers x ``nphases`` DRAM clocks per controller cycle, bytes) times that
+    efficiency at the controller clock. Empty without that result or ``perf.json``'s shapes."""
+    from host.compiler import plan_shape
+    from host.perf import token_prediction
+    from hw.isa import TritPacking
+    from hw.params import BuildParams
+
+    d, perf = data.get("ddr3_token_370m"), data.get("perf")
+    if d is None or perf is None:
+        return []
+    st = d["settings"]
+    build = BuildParams.from_mapping(st["build"])
+    phy = st["dram"]["phy"]
+    peak = phy["databits"] * 2 * phy["nphases"] / 8
+    eff = d["summary"]["dram_efficiency_token"]
+    out = []
+    for model in ("370M", "1.3B"):
+        prog = plan_shape(*_shape(perf, model), packing=TritPacking(build.packing), channels=build.channels)
+        r = token_prediction(prog, build)
+        core_s = r["cycles"] / st["core_hz"]
+        dram_s = r["image_bytes"] / (peak * st["dram"]["controller_clock_hz"] * eff)
+        out.append({"model": model, "image_bytes": r["image_bytes"], "model_cycles": r["cycles"], "core_s": core_s,
+                    "dram_s": dram_s, "tokens_per_s": 1 / max(core_s, dram_s),
+                    "bound": "DRAM" if dram_s >= core_s else "core", "peak_bytes_per_cycle": peak, "efficiency": eff})
+    return out
 
 
 # ------------------------------------------------------------------------------------------ plots

@@ -194,3 +194,18 @@ def test_the_370m_token_row_says_bit_exact_and_its_variant(report):
     assert "bit-exact: **no**" in report._ddr3_token_row({"ddr3_token_370m": data})[2]
     assert "**no**" in report.ddr3_token_section({"ddr3_token_370m": data})
     assert report._ddr3_token_row({})[1] == report.missing("ddr3_token_370m")
+
+
+def test_the_ddr3_projection_reproduces_the_simulated_token(report):
+    """The 370M row of the DDR3 projection (cycle model and DRAM time at the measured efficiency) lands within
+    2 % of the simulated token it was derived from, and the 1.3B shape, about 3.75x its image, is DRAM-bound at
+    a proportionally lower rate."""
+    data = report.load_inputs(REPO)
+    rows = {p["model"]: p for p in report.ddr3_projection(data)}
+    sim = data["ddr3_token_370m"]["summary"]["tokens_per_s_simulated"]
+    assert rows["370M"]["tokens_per_s"] == pytest.approx(sim, rel=0.02)
+    big = rows["1.3B"]
+    assert big["bound"] == "DRAM" and big["image_bytes"] > 3 * rows["370M"]["image_bytes"]
+    assert big["tokens_per_s"] == pytest.approx(
+        rows["370M"]["tokens_per_s"] * rows["370M"]["image_bytes"] / big["image_bytes"], rel=0.05)
+    assert "| 1.3B |" in report.ddr3_token_section(data) and "projected" in report.ddr3_token_section(data)
