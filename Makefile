@@ -87,7 +87,8 @@ lint: $(DEV_STAMP)
 
 # Bitstreams (bitstreams/README.md): ECP5 boards build here with the pip-installed YoWASP Yosys and nextpnr
 # (the synth extra); Xilinx boards get their generated Vivado/Vitis flows. BITSTREAM_ARGS= adds options of
-# `python -m hw.boards`, e.g. BITSTREAM_ARGS="--dram" (the ECPIX-5's DDR3 top) or, for the stream top,
+# `python -m hw.boards`, e.g. BITSTREAM_ARGS="--dram --lanes 40 --freq-mhz 72 --baud 12000000" (the ECPIX-5's
+# DDR3 top as docs/DDR3.md builds it) or, for the stream top,
 # "--no-dram --lanes 16 --freq-mhz 60" or "--no-dram --sweep --lanes 16,32 --freq-mhz 50,60".
 BOARD ?=
 BITSTREAM_ARGS ?=

@@ -817,7 +817,8 @@ def board_dram_section(data: dict) -> str:
         row("cycles per greedy token, controller clock",
             lambda b: fmt(b.get("cycles_per_token_dram", b["cycles_per_token"]))),
         row("core cycles per 64-bit beat read (1: a beat a cycle into the core)", _cycles_per_beat),
-        row("refresh commands during the tokens", lambda b: fmt(b["refresh_commands_during_tokens"])),
+        row("refresh commands during the tokens (all of them)",
+            lambda b: f"{fmt(b['refresh_commands_during_tokens'])} in {len(b['tokens'])} tokens"),
         row("DFI timing violations", lambda b: fmt(b["timing_violations"])),
         row("link (model): baud, bytes and round trips per token",
             lambda b: f"{fmt(b['link_model']['baud'] / 1e6)} Mbaud, {fmt(b['link_model']['bytes_per_token'])} B, "
