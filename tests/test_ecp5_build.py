@@ -35,6 +35,36 @@ def test_pll_config_refuses_what_it_cannot_make():
         ecp5.pll_config(25e6, 51e6)         # needs a 1 MHz phase detector input
 
 
+def test_pll_refusal_names_the_nearest_frequency():
+    """73 MHz from 100 MHz needs a 1 MHz phase detector input; the refusal names what the PLL makes instead."""
+    with pytest.raises(ValueError) as exc:
+        ecp5.pll_config(100e6, 73e6)
+    nearest = ecp5.pll_config(100e6, 950e6 / 13)["f_out"]      # 100 MHz / 13 x 19 / 2
+    assert str(exc.value) == ("no EHXPLLL setting gives 73 MHz from 100 MHz within 0.1 %; "
+                              f"the nearest is {nearest / 1e6:.6g} MHz")
+    assert f"{nearest / 1e6:.6g}" == "73.0769"
+
+
+def test_baud_refusal_names_the_rates_and_clocks_that_work():
+    """72 MHz divides to 10.29 or 12 Mbaud, not 11: the refusal gives both, and the clocks (6 or 7 x 11 MHz)
+    that make 11 Mbaud; each rate it names passes the same check. With a bridge, only rates it makes too."""
+    core = {"lanes": 16, "quant_lanes": 4}
+    with pytest.raises(ValueError) as exc:
+        ecp5._link_clocking(core, 100e6, 72e6, 11_000_000)
+    assert str(exc.value) == ("72 MHz cannot make 11000000 baud within 1 % (clock / divisor, divisor >= 4); "
+                              "it makes 10285714 or 12000000 baud; 11000000 baud needs a clock of 66 or 77 MHz")
+    for baud in (10_285_714, 12_000_000):
+        ecp5._link_clocking(core, 100e6, 72e6, baud)
+    with pytest.raises(ValueError) as exc:
+        ecp5._link_clocking(core, 100e6, 72e6, 11_000_000, "FT2232H")
+    assert "it makes 8000000 or 12000000 baud (rates the FT2232H makes too); " \
+           "the FT2232H makes no rate within 1 % of 11000000 baud" in str(exc.value)
+    for baud in (8_000_000, 12_000_000):
+        ecp5._link_clocking(core, 100e6, 72e6, baud, "FT2232H")
+    with pytest.raises(ValueError, match="it makes 18000000 baud; 20000000 baud needs a clock of 80 MHz"):
+        ecp5._link_clocking(core, 100e6, 72e6, 20_000_000)     # above the clock / 4
+
+
 def test_top_checks_the_link_parameters():
     with pytest.raises(ValueError, match="one 64-bit weight channel"):
         ecp5.Ecp5Top(core_params={**ecp5.DEFAULT_PARAMS, "channels": 2}, clk_in_hz=25e6, freq_hz=60e6, baud=3_000_000)
@@ -582,3 +612,64 @@ def test_every_top_checks_the_bridges_baud_generator():
             ecp5.build("ulx3s-85f", None, freq_mhz=50, baud=2_500_000, dram=False, lanes=16, quant_lanes=4,
                        write_bitstream_dir=False)
         gc.collect()
+
+
+def _no_build(monkeypatch):
+    """Make every build entry of the dispatcher fail the test: a refusal must come before any of them."""
+    def called(*a, **kw):
+        raise AssertionError("a build started")
+    for name in ("build", "sweep", "publish"):
+        monkeypatch.setattr(ecp5, name, called)
+    xil = dispatcher._xilinx()
+    if xil is not None:
+        monkeypatch.setattr(xil, "build", called)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--baud", "0"), ("--baud", "-9600"), ("--quant-lanes", "0"),
+                                             ("--quant-lanes", "-4")])
+def test_dispatcher_refuses_non_positive_rates_and_lanes(monkeypatch, capsys, flag, value):
+    """An explicit ``--baud 0`` or ``--quant-lanes 0`` is refused, not replaced by the chosen build's value."""
+    _no_build(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        dispatcher.main(["ulx3s-85f", flag, value])
+    assert exc.value.code == 2
+    assert f"{flag} must be a positive integer, got {value}" in capsys.readouterr().err
+
+
+def test_dispatcher_keeps_an_explicit_quant_lanes_and_baud(monkeypatch):
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append(kw) or 0)
+    assert dispatcher.main(["ulx3s-85f", "--quant-lanes", "2", "--baud", "1000000"]) == 0
+    assert seen[-1]["quant_lanes"] == 2 and seen[-1]["baud"] == 1_000_000
+
+
+XILINX_BOARDS = ("pynq-z2", "kv260", "zcu104", "u55c")
+
+
+@pytest.mark.parametrize("args", [["--dram"], ["--no-dram"], ["--freq-mhz", "50"], ["--baud", "3000000"],
+                                  ["--quant-lanes", "4"], ["--placer", "static"], ["--router", "router2"],
+                                  ["--placer-density", "0.7"], ["--place-only"], ["--pipelined-epilogue"],
+                                  ["--sdram-phase", "90"], ["--sweep"], ["--publish", "build/x"], ["--seed", "3"],
+                                  ["--lanes", "16,32"]])
+def test_dispatcher_refuses_ecp5_options_for_xilinx_boards(monkeypatch, capsys, args):
+    """A Xilinx board's flow takes ``--out`` and one ``--lanes``; an ECP5 option is refused before any build."""
+    if dispatcher._xilinx() is None:
+        pytest.skip("hw/boards/xilinx.py is not in this tree")
+    _no_build(monkeypatch)
+    for board in XILINX_BOARDS:
+        with pytest.raises(SystemExit) as exc:
+            dispatcher.main([board, *args])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{board} is a Xilinx board" in err and "(ECP5 options)" in err
+        assert (args[0] if args[0] != "--lanes" else "several --lanes") in err
+
+
+def test_dispatcher_passes_xilinx_boards_their_own_options(monkeypatch):
+    xil = dispatcher._xilinx()
+    if xil is None:
+        pytest.skip("hw/boards/xilinx.py is not in this tree")
+    seen = []
+    monkeypatch.setattr(xil, "build", lambda board, out, **kw: seen.append((board, out, kw)) or 0)
+    assert dispatcher.main(["kv260", "--lanes", "32", "--seed", "1", "--out", "x"]) == 0
+    assert seen == [("kv260", Path("x"), {"lanes": 32})]

@@ -5,7 +5,8 @@ ECP5 boards (:data:`hw.boards.ecp5.BOARDS`) build here with the open toolchain; 
 configurations given by ``--lanes``/``--freq-mhz`` (comma lists) and records them all. ``--dram``/``--no-dram``
 choose the ECP5 top (``hw.boards.ecp5.DramEcp5Top`` or ``Ddr3Ecp5Top``, the model in the board's SDRAM or DDR3,
 or ``Ecp5Top``, the stream link); the default is the board's chosen build (``hw.boards.ecp5.CHOSEN``: the DRAM
-top on the ULX3S 85F).
+top on the ULX3S 85F). The ECP5 options are refused for a Xilinx board, whose flow takes ``--out`` and one
+``--lanes``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="ECP5: copy a finished build (build/boards/<board>/<config>) that met timing to --out")
     args = ap.parse_args(argv)
 
+    for flag, value in (("--baud", args.baud), ("--quant-lanes", args.quant_lanes)):
+        if value is not None and value <= 0:
+            ap.error(f"{flag} must be a positive integer, got {value}")
+    if args.board in xboards:
+        ecp5_only = [flag for flag, given in (
+            ("--dram/--no-dram", args.dram is not None), ("--freq-mhz", args.freq_mhz is not None),
+            ("--baud", args.baud is not None), ("--quant-lanes", args.quant_lanes is not None),
+            ("--placer", args.placer is not None), ("--router", args.router is not None),
+            ("--placer-density", args.placer_density is not None), ("--place-only", args.place_only),
+            ("--pipelined-epilogue", args.pipelined_epilogue), ("--sdram-phase", args.sdram_phase is not None),
+            ("--sweep", args.sweep), ("--publish", args.publish is not None),
+            ("--seed", args.seed != ap.get_default("seed")),
+            ("several --lanes values", args.lanes is not None and len(args.lanes) > 1)) if given]
+        if ecp5_only:
+            ap.error(f"{args.board} is a Xilinx board: its flow takes --out and one --lanes value, not "
+                     f"{', '.join(ecp5_only)} (ECP5 options)")
     if args.board in ecp5.BOARDS and args.publish:
         try:
             ecp5.publish(args.board, args.publish, args.out)
@@ -91,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         chosen = ecp5.CHOSEN.get(args.board, {})
         lanes = args.lanes or [chosen.get("lanes", ecp5.DEFAULT_BUILD.lanes)]
         freqs = args.freq_mhz or [chosen.get("freq_mhz", 60.0)]
-        args.quant_lanes = args.quant_lanes or chosen.get("quant_lanes")
-        args.baud = args.baud or chosen.get("baud", 3_000_000)
+        if args.quant_lanes is None:
+            args.quant_lanes = chosen.get("quant_lanes")
+        if args.baud is None:
+            args.baud = chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
         # a placement density is the heap placer's: it selects heap unless --placer says otherwise
         args.placer = args.placer or ("heap" if args.placer_density is not None else chosen.get("placer", "heap"))
@@ -104,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sdram_phase is not None and ecp5.BOARDS[args.board].dram_config is not None \
                 and ecp5.dram_top_class(args.board) is ecp5.Ddr3Ecp5Top:
             ap.error(f"--sdram-phase applies to an SDR board's DRAM top; {args.board}'s DDR3 core makes its own clocks")
-        extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes else {}
+        extra = {"quant_lanes": args.quant_lanes} if args.quant_lanes is not None else {}
         if args.pipelined_epilogue:
             extra["epilogue_folded"] = False
         extra["dram"] = dram

@@ -147,8 +147,12 @@ def pll_config(f_in: float, f_out: float) -> dict[str, int | float]:
                 key = (abs(f - f_out), -vco)
                 if best is None or key < best[0]:
                     best = (key, {"clki_div": clki, "clkfb_div": fb, "clkop_div": op, "f_out": f, "f_vco": vco})
-    if best is None or best[0][0] > f_out * 1e-3:
-        raise ValueError(f"no EHXPLLL setting gives {f_out / 1e6:g} MHz from {f_in / 1e6:g} MHz")
+    if best is None:
+        raise ValueError(f"no EHXPLLL setting gives {f_out / 1e6:g} MHz from {f_in / 1e6:g} MHz (the input is "
+                         f"outside the PLL's range)")
+    if best[0][0] > f_out * 1e-3:
+        raise ValueError(f"no EHXPLLL setting gives {f_out / 1e6:g} MHz from {f_in / 1e6:g} MHz within 0.1 %; "
+                         f"the nearest is {best[1]['f_out'] / 1e6:.6g} MHz")
     return best[1]
 
 
@@ -324,6 +328,29 @@ def ftdi_baud(chip: str, baud: float) -> float:
     return min(rates, key=lambda r: abs(r - baud))
 
 
+def _baud_advice(f_clk: float, baud: int, uart: str | None = None) -> str:
+    """The one-line refusal of ``baud`` at a ``f_clk`` (Hz) clock that no divisor (>= 4) makes within 1 %: the
+    nearest rates below and above ``baud`` that it makes (those the ``uart`` bridge also makes within 1 %, with
+    one), and the clocks that make ``baud`` itself (``baud`` times a divisor either side of ``f_clk / baud``)."""
+    def made(d: int) -> bool:
+        line = f_clk / d
+        return uart is None or abs(ftdi_baud(uart, line) - line) <= 0.01 * line
+    lo = int(f_clk // baud)                 # the divisors either side of f_clk / baud
+    hi = lo if lo * baud == f_clk else lo + 1
+    top = max(5, 2 * hi + 2, int(2 * f_clk // FTDI_BAUD_BASE[uart]) + 2 if uart else 0)   # to the bridge's base / 2
+    rates = [f_clk / d for d in range(4, top) if made(d)]
+    below, above = [r for r in rates if r < baud], [r for r in rates if r > baud]
+    near = ([max(below)] if below else []) + ([min(above)] if above else [])
+    said = (f"; it makes {' or '.join(f'{r:.0f}' for r in near)} baud"
+            + (f" (rates the {uart} makes too)" if uart else "")) if near else ""
+    clocks = sorted({baud * max(4, d) / 1e6 for d in (lo, hi)})
+    if uart is not None and abs(ftdi_baud(uart, baud) - baud) > 0.01 * baud:
+        needs = f"the {uart} makes no rate within 1 % of {baud} baud"
+    else:
+        needs = f"{baud} baud needs a clock of {' or '.join(f'{c:g}' for c in clocks)} MHz"
+    return f"{f_clk / 1e6:g} MHz cannot make {baud} baud within 1 % (clock / divisor, divisor >= 4){said}; {needs}"
+
+
 def _link_clocking(core_params: BuildParams | dict, clk_in_hz: float, freq_hz: float,
                    baud: int, uart: str | None = None) -> tuple[BuildParams, dict, int]:
     """The checks and settings every top shares: the core's build (one 64-bit channel), the PLL
@@ -343,7 +370,7 @@ def _link_clocking(core_params: BuildParams | dict, clk_in_hz: float, freq_hz: f
     pll = pll_config(clk_in_hz, freq_hz)
     divisor = round(pll["f_out"] / baud)
     if divisor < 4 or abs(pll["f_out"] / divisor - baud) > 0.01 * baud:
-        raise ValueError(f"{pll['f_out'] / 1e6:g} MHz cannot make {baud} baud within 1 %")
+        raise ValueError(_baud_advice(pll["f_out"], baud, uart))
     line = pll["f_out"] / divisor
     if uart is not None and abs(ftdi_baud(uart, line) - line) > 0.01 * line:
         raise ValueError(f"the {uart} makes no rate within 1 % of {line:g} baud ({pll['f_out'] / 1e6:g} MHz / "
