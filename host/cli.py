@@ -345,6 +345,17 @@ def _device_options(pairs: list[str] | None) -> dict:
     return out
 
 
+def _default_board(device: str, options: dict, default: str) -> str:
+    """The ``--board`` of ``bench`` and ``power`` when none is given: on the ``ecp5`` device the board it talks to
+    (``--option board=``, else ``$MMFREE_ECP5_BOARD``, else :data:`host.devices.ecp5.DEFAULT_BOARD`), so the
+    roofline, rails and serial port are one board's; on other devices ``default``."""
+    if device != "ecp5":
+        return default
+    from host.devices.ecp5 import DEFAULT_BOARD as ECP5_DEFAULT_BOARD
+
+    return str(options.get("board") or os.environ.get("MMFREE_ECP5_BOARD") or ECP5_DEFAULT_BOARD)
+
+
 def _board_options(device: str, board: str, options: dict, image: Path | None = None) -> dict:
     """Device options of ``bench`` and ``power``: the golden device models ``board``'s design point
     (:attr:`hw.boards.facts.BoardFacts.design`: lanes, channels, bus width, quantize lanes, clock) unless
@@ -413,7 +424,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--fmax-mhz must be positive, not {args.fmax_mhz}")
     if args.tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
-    options = _board_options(args.device, args.board, _device_options(args.option), args.image)
+    options = _device_options(args.option)
+    if args.board is None:
+        from hw.boards.facts import DEFAULT_BOARD
+
+        args.board = _default_board(args.device, options, DEFAULT_BOARD)
+    options = _board_options(args.device, args.board, options, args.image)
     with open_device(args.device, **options) as device:
         checkpoint = _load_model(args)
         rep = bench(device, checkpoint, tokens=args.tokens, board=args.board, fmax_mhz=args.fmax_mhz)
@@ -602,6 +618,7 @@ def _cmd_power(args: argparse.Namespace) -> int:
     import platform
 
     from host.power import Budget, PowerError, PowerSession, get_board, make_source, select_rails, summarize
+    from host.power.boards import DEFAULT_BOARD as POWER_DEFAULT_BOARD
     from host.power.output import plot_trace, write_json, write_samples_csv
     from host.power.run import run_generation
     from host.power.sources import parse_spec
@@ -631,9 +648,11 @@ def _cmd_power(args: argparse.Namespace) -> int:
             _check_writable(path, f"the {key.upper()} output")
     xrt_device = int(args.xrt_device) if args.xrt_device is not None and args.xrt_device.isdigit() else args.xrt_device
     try:
-        board = get_board(args.board)
+        options = _device_options(args.option)
+        board = get_board(args.board if args.board is not None
+                          else _default_board(args.device, options, POWER_DEFAULT_BOARD))
         kind, _ = parse_spec(args.source)
-        options = _board_options(args.device, board.key, _device_options(args.option), args.image)
+        options = _board_options(args.device, board.key, options, args.image)
         with open_device(args.device, **options) as device:
             source = make_source(args.source, board, device=device, i2c_bus=args.i2c_bus,
                                  i2c_address=args.i2c_address, i2c_force=args.i2c_force, xrt_device=xrt_device,
@@ -803,9 +822,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", default="estimate", metavar="SOURCE",
                    help="estimate (default: activity model, no board), pynq, ina260, xrt, xrt:FILE (saved xrt-smi "
                         "electrical JSON), csv:FILE (external meter log: timestamp, watts), replay:FILE")
-    p.add_argument("--board", default=POWER_DEFAULT_BOARD, metavar="BOARD",
+    p.add_argument("--board", default=None, metavar="BOARD",
                    help=f"board whose default rails and estimate apply and, on the golden device, whose design "
-                        f"point to model: {', '.join(POWER_BOARDS)} (default: {POWER_DEFAULT_BOARD})")
+                        f"point to model: {', '.join(POWER_BOARDS)} (default: {POWER_DEFAULT_BOARD}; on the ecp5 "
+                        f"device the board it talks to: --option board=, $MMFREE_ECP5_BOARD or ulx3s-85f)")
     p.add_argument("--budget", type=float, default=13.0, metavar="W", help="power budget in watts (default: 13)")
     p.add_argument("--budget-basis", choices=("total", "above-idle"), default="total",
                    help="the budget bounds the watts on the budget rails (default) or their draw above idle")
@@ -860,9 +880,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "roofline (JSON)")
     common(bn)
     bn.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to decode (default: 16)")
-    bn.add_argument("--board", choices=list(BOARD_FACTS), default=DEFAULT_BOARD,
+    bn.add_argument("--board", choices=list(BOARD_FACTS), default=None,
                     help=f"whose roofline to compare with and, on the golden device, whose design point to model "
-                         f"(default: {DEFAULT_BOARD})")
+                         f"(default: {DEFAULT_BOARD}; on the ecp5 device the board it talks to: --option board=, "
+                         f"$MMFREE_ECP5_BOARD or ulx3s-85f)")
     bn.add_argument("--fmax-mhz", type=float, default=None, metavar="MHZ",
                     help="core clock for the cycle-based rate (default: the board's design clock)")
     bn.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the JSON to OUT")

@@ -175,6 +175,44 @@ def test_open_port_sets_the_latency_timer(tmp_path, monkeypatch):
     assert (tmp_path / "ttyUSB0" / "latency_timer").read_text().strip() == "1"
 
 
+def test_a_port_that_will_not_open_names_the_options_as_typed(monkeypatch):
+    """The option goes after the action (``mmfree board ACTION --port TTY``); generate, selftest, bench and power
+    pass it to the device as ``--option port=TTY`` (and the board as ``--option board=B``)."""
+    serial = pytest.importorskip("serial")
+
+    def refuse(*a, **k):
+        raise serial.SerialException("[Errno 2] could not open port /dev/ttyUSB9")
+    monkeypatch.setattr(serial, "Serial", refuse)
+    with pytest.raises(DeviceError) as exc:
+        ecp5.open_port("/dev/ttyUSB9", 2_000_000, 0.5)
+    msg = str(exc.value)
+    assert msg.startswith("device 'ecp5': cannot open /dev/ttyUSB9 at 2000000 baud: [Errno 2]")
+    for said in ("`mmfree board ACTION --port TTY`", "generate/selftest/bench/power, `--option port=TTY`",
+                 "`mmfree board ACTION --board B`", "`--option board=B`", "ulx3s-85f /dev/ttyUSB0"):
+        assert said in msg
+    assert "`mmfree board --port`" not in msg
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, -0.5, float("nan"), float("inf"), "soon", True])
+def test_device_refuses_a_timeout_that_is_not_positive(timeout):
+    with pytest.raises(ValueError, match=r"timeout must be a positive, finite number of seconds, got "):
+        Ecp5Device(serial=FakeEcp5Board(link_version=2), timeout=timeout)
+    assert Ecp5Device(serial=FakeEcp5Board(link_version=2), timeout=3).timeout == 3.0
+
+
+def test_cli_refuses_a_device_timeout_that_is_not_positive(monkeypatch, bundle_path):
+    """``--option timeout=-1`` is refused when the device is made, as ``mmfree board info --timeout -1`` is,
+    before any port is opened (pyserial's "Not a valid timeout" before)."""
+    def no_port(*a):
+        raise AssertionError("a port was opened")
+    monkeypatch.setattr(ecp5, "open_port", no_port)
+    rc, out, err = _cli(["generate", "--image", str(bundle_path), "--device", "ecp5", "--option", "timeout=-1",
+                         "--prompt", PROMPT, "--max-new-tokens", "1"])
+    assert rc == 2 and "timeout must be a positive, finite number of seconds, got -1" in err, err
+    rc, out, err = _cli(["board", "info", "--timeout", "-1"])
+    assert rc == 2 and "--timeout must be a positive number of seconds, got -1" in err, err
+
+
 # ------------------------------------------------------------------------------------------------ load once
 def test_shipped_model_loads_once_and_matches_the_golden_device(bundle, golden):
     board = FakeEcp5Board(link_version=2)
@@ -438,6 +476,48 @@ def test_cli_bench_and_power_tell_the_ecp5_device_their_board(monkeypatch, bundl
                          "--tokens", "1", "--option", "board=ulx3s-85f"])
     assert rc == 0, err
     assert opened[-1] == ("/dev/ttyUSB0", BOARDS["ulx3s-85f"].link_baud)
+
+
+def test_cli_bench_and_power_default_to_the_ecp5_devices_board(monkeypatch, bundle_path, tmp_path):
+    """Without ``--board``, ``bench``/``power --device ecp5`` take the board the device talks to (``--option
+    board=``, ``$MMFREE_ECP5_BOARD``, else ulx3s-85f) for the roofline and the rails, not the kv260; the golden
+    device keeps the kv260."""
+    from hw.boards.facts import BOARDS
+
+    opened = []
+    monkeypatch.setattr(ecp5, "open_port", lambda name, baud, timeout: opened.append((name, baud)) or
+                        FakeEcp5Board(link_version=2))
+    for var in ("MMFREE_ECP5_BAUD", "MMFREE_ECP5_BOARD", "MMFREE_ECP5_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    bench = ["bench", "--image", str(bundle_path), "--tokens", "1"]
+    for extra, env, want in (([], None, "ulx3s-85f"), ([], "ecpix5-85f", "ecpix5-85f"),
+                             (["--option", "board=ecpix5-85f"], None, "ecpix5-85f")):
+        if env:
+            monkeypatch.setenv("MMFREE_ECP5_BOARD", env)
+        rc, out, err = _cli([*bench, "--device", "ecp5", *extra])
+        monkeypatch.delenv("MMFREE_ECP5_BOARD", raising=False)
+        assert rc == 0, err
+        rep = json.loads(out)
+        assert rep["board"] == want and rep["device_options"]["board"] == want, (extra, env)
+        assert opened[-1] == (BOARDS[want].serial_port, BOARDS[want].link_baud)
+    rc, out, err = _cli([*bench, "--device", "golden", "--option", "channels=1"])
+    assert rc == 0 and json.loads(out)["board"] == "kv260", err
+
+    import host.power
+    from host.power import PowerError
+
+    def stop(spec, board, *, device=None, **kw):    # the rails' board and the device's, before any sampling
+        made.append((board.key, getattr(device, "board", None)))
+        raise PowerError("stopped after choosing the board")
+    made = []
+    monkeypatch.setattr(host.power, "make_source", stop)
+    power = ["power", "--image", str(bundle_path), "--tokens", "1", "--no-plot", "--out", str(tmp_path), "--device"]
+    for device, extra, want in (("ecp5", [], ("ulx3s-85f", "ulx3s-85f")),
+                                ("ecp5", ["--option", "board=ecpix5-85f"], ("ecpix5-85f", "ecpix5-85f")),
+                                ("golden", ["--option", "channels=1"], ("kv260", None))):
+        rc, _, err = _cli([*power, device, *extra])
+        assert rc == 2 and "stopped after choosing the board" in err, err
+        assert made[-1] == want, (device, extra)
 
 
 def test_cli_generate_on_the_dram_board_is_the_golden_devices(bundle_path, on_port):

@@ -189,7 +189,9 @@ def open_port(port_name: str, baud: int, timeout: float) -> Any:
     except (OSError, serial.SerialException) as exc:
         raise DeviceError(f"device 'ecp5': cannot open {port_name} at {baud} baud: {exc} "
                           f"(is the board plugged in? name its serial port with MMFREE_ECP5_PORT, `mmfree board "
-                          f"--port` or `--option port=`, or the board with MMFREE_ECP5_BOARD / `--board`: "
+                          f"ACTION --port TTY` or, for generate/selftest/bench/power, `--option port=TTY`; the board "
+                          f"with MMFREE_ECP5_BOARD, `mmfree board ACTION --board B` or `--option board=B` (bench "
+                          f"and power: `--board B`): "
                           f"{', '.join(f'{k} {BOARDS[k].serial_port}' for k in ECP5_BOARDS)} usually)") from exc
     set_ftdi_latency(port_name)
     return port
@@ -1320,7 +1322,8 @@ class Ecp5Device(AcceleratorDevice):
     Raises
     ------
     ValueError
-        An unknown board, or a baud rate that is not a positive integer.
+        An unknown board, a baud rate that is not a positive integer, or a ``timeout`` that is not a positive,
+        finite number of seconds.
     DeviceError
         (on :meth:`load`) pyserial missing, the port cannot be opened, no reply, a wrong ID block, a model that
         does not fit the build or the board's DRAM.
@@ -1334,6 +1337,8 @@ class Ecp5Device(AcceleratorDevice):
         board, default_port, baud = board_link(board, baud)
         if isinstance(baud, bool) or not isinstance(baud, int) or baud <= 0:
             raise ValueError(f"baud must be a positive integer, got {baud!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         port_name = port or default_port
         self.board = board
         super().__init__(Ecp5Transport(port_name, baud, float(timeout), serial, reload=reload, progress=progress),
