@@ -877,6 +877,32 @@ def test_tokens_from_dram_bit_exact(port_width):
 
 
 @pytest.mark.slow
+def corrupted_token_then_recovery(port_width: int, image: bytes, table, bad: bytes, where: int | None = None):
+    """Run token 9 with ``bad`` (the image with a weight CRC fault) in DRAM: ``CORE_ERROR``, the core's
+    ``ERROR_CAUSE`` ``WEIGHT_CRC`` (and ``ERROR_WHERE`` ``where`` when given); then ``image`` restored and
+    ``CTRL.clear`` written, the next token 9 is the golden device's (the failed token committed nothing)."""
+    bases = BASES[port_width]
+    mem = model_mem(bad, table, bases)
+    gold = GoldenMachine(image)
+    want = gold.run_token(make_token_packet(table[9], position=0, logits=False), gold.init_state()).output
+    bench = Bench(real_board(port_width), mem)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table, bases=bases)
+        assert await b.token(ctx, 9, 0) == lp.TokenStatus.CORE_ERROR
+        assert await b.core_read(ctx, R.STATUS) & isa.Status.ERROR.value
+        assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC.value
+        if where is not None:
+            assert await b.core_read(ctx, R.ERROR_WHERE) == where
+        put_bytes(mem, bases[0], image)
+        await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR.value)
+        b.words, b.packets = [], []          # the host drops what an error cut short
+        assert await b.token(ctx, 9, 0) == 0
+        assert await b.output(ctx, 1) == [summary(want)]
+
+    bench.run(script)
+
+
 def test_corrupted_image_is_a_core_error_then_the_next_token_is_right(port_width):
     """A weight byte of the image changed in DRAM (to another valid base-3 byte): CORE_ERROR, the core's
     ERROR_CAUSE is WEIGHT_CRC; the image restored and CTRL.clear written, the next token is right (the
@@ -889,23 +915,7 @@ def test_corrupted_image_is_a_core_error_then_the_next_token_is_right(port_width
     with pytest.raises(ImageError) as err:
         parse_image(bytes(bad))
     assert err.value.cause == isa.ErrorCause.WEIGHT_CRC
-    bases = BASES[port_width]
-    mem = model_mem(bytes(bad), table, bases)
-    gold = GoldenMachine(image)
-    want = gold.run_token(make_token_packet(table[9], position=0, logits=False), gold.init_state()).output
-    bench = Bench(real_board(port_width), mem)
-
-    async def script(ctx, b):
-        await configure(ctx, b, image, table, bases=bases)
-        assert await b.token(ctx, 9, 0) == lp.TokenStatus.CORE_ERROR
-        assert await b.core_read(ctx, R.STATUS) & isa.Status.ERROR.value
-        assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC.value
-        put_bytes(mem, bases[0], image)
-        await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR.value)
-        assert await b.token(ctx, 9, 0) == 0
-        assert await b.output(ctx, 1) == [summary(want)]
-
-    bench.run(script)
+    corrupted_token_then_recovery(port_width, image, table, bytes(bad))
 
 
 @pytest.mark.slow
@@ -923,25 +933,7 @@ def test_a_bad_crc_in_the_last_weight_block_is_a_core_error(port_width):
     with pytest.raises(ImageError) as err:
         parse_image(bytes(bad))
     assert (err.value.cause, err.value.instruction) == (isa.ErrorCause.WEIGHT_CRC, idx)
-    bases = BASES[port_width]
-    mem = model_mem(bytes(bad), table, bases)
-    gold = GoldenMachine(image)
-    want = gold.run_token(make_token_packet(table[9], position=0, logits=False), gold.init_state()).output
-    bench = Bench(real_board(port_width), mem)
-
-    async def script(ctx, b):
-        await configure(ctx, b, image, table, bases=bases)
-        assert await b.token(ctx, 9, 0) == lp.TokenStatus.CORE_ERROR
-        assert await b.core_read(ctx, R.STATUS) & isa.Status.ERROR.value
-        assert await b.core_read(ctx, R.ERROR_CAUSE) == isa.ErrorCause.WEIGHT_CRC.value
-        assert await b.core_read(ctx, R.ERROR_WHERE) == idx
-        put_bytes(mem, bases[0], image)
-        await b.core_write(ctx, R.CTRL, isa.Ctrl.CLEAR.value)
-        b.words, b.packets = [], []          # the host drops what an error cut short
-        assert await b.token(ctx, 9, 0) == 0
-        assert await b.output(ctx, 1) == [summary(want)]
-
-    bench.run(script)
+    corrupted_token_then_recovery(port_width, image, table, bytes(bad), where=idx)
 
 
 def small_image_bench(port_width: int, *, seed: int):
