@@ -876,7 +876,6 @@ def test_tokens_from_dram_bit_exact(port_width):
     bench.run(script)
 
 
-@pytest.mark.slow
 def corrupted_token_then_recovery(port_width: int, image: bytes, table, bad: bytes, where: int | None = None):
     """Run token 9 with ``bad`` (the image with a weight CRC fault) in DRAM: ``CORE_ERROR``, the core's
     ``ERROR_CAUSE`` ``WEIGHT_CRC`` (and ``ERROR_WHERE`` ``where`` when given); then ``image`` restored and
@@ -903,6 +902,7 @@ def corrupted_token_then_recovery(port_width: int, image: bytes, table, bad: byt
     bench.run(script)
 
 
+@pytest.mark.slow
 def test_corrupted_image_is_a_core_error_then_the_next_token_is_right(port_width):
     """A weight byte of the image changed in DRAM (to another valid base-3 byte): CORE_ERROR, the core's
     ERROR_CAUSE is WEIGHT_CRC; the image restored and CTRL.clear written, the next token is right (the
