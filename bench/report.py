@@ -883,9 +883,6 @@ def ddr3_projection(data: dict) -> list[dict]:
     :func:`host.perf.token_prediction`'s cycles at the token's core clock and its image's bytes over the DRAM's
     peak (DDR: ``databits`` x 2 transfers x ``nphases`` DRAM clocks per controller cycle, bytes) times that
     efficiency at the controller clock. Empty without that result or ``perf.json``'s shapes."""
-    from host.compiler import plan_shape
-    from host.perf import token_prediction
-    from hw.isa import TritPacking
     from hw.params import BuildParams
 
     d, perf = data.get("ddr3_token_370m"), data.get("perf")
@@ -898,8 +895,8 @@ def ddr3_projection(data: dict) -> list[dict]:
     eff = d["summary"]["dram_efficiency_token"]
     out = []
     for model in ("370M", "1.3B"):
-        prog = plan_shape(*_shape(perf, model), packing=TritPacking(build.packing), channels=build.channels)
-        r = token_prediction(prog, build)
+        packing = next(k for k, v in _PACKINGS.items() if v == build.packing.name)
+        r = design_prediction(_shape(perf, model), build, "default", packing)
         core_s = r["cycles"] / st["core_hz"]
         dram_s = r["image_bytes"] / (peak * st["dram"]["controller_clock_hz"] * eff)
         out.append({"model": model, "image_bytes": r["image_bytes"], "model_cycles": r["cycles"], "core_s": core_s,

@@ -526,8 +526,9 @@ class DRAMBoard(wiring.Component):
         each) for :meth:`_core_bus`."""
         bp, reader, builder, core = u.bridge.board, u.reader, u.builder, u.core
         bus = core.s_axil
-        # the engine's STATUS read: registered ownership, arvalid and rready (no combinational path from the
-        # core's arready/rvalid back to its arvalid/rready)
+        # the engine's STATUS read: ownership, arvalid and rready as flops set and cleared with the state changes
+        # (they equal decodes of STATUS_AR/STATUS_R; that decoded form made Yosys 0.70's ABC9 assert in
+        # synth_ecp5 of the 40-lane DDR3 top, docs/DDR3.md)
         sr = SimpleNamespace(owner=Signal(), arvalid=Signal(), rready=Signal())
         regs, w0_in, w0 = u.regs, u.w0_in, u.bridge.w0
         token, position, logits = Signal(32), Signal(32), Signal()

@@ -1404,9 +1404,9 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: The configuration each board builds by default (``make bitstream BOARD=...``): the board's design point of
 #: :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock, and the link's rate: 2 Mbaud on both, the core
 #: clock divided by a whole number) and nextpnr's default router1 (bitstreams/README.md). On the ECPIX-5, the
-#: sweep's choice
-#: (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after routing; 70, 80 and 90 MHz closed
-#: too); more than 40 lanes would gain nothing, as the one 64-bit weight channel carries 40 trits a beat. On the
+#: sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after routing; 70, 80
+#: and 90 MHz closed too); more than 40 lanes would gain nothing, as the one 64-bit weight channel carries 40 trits
+#: a beat. On the
 #: ULX3S (-6 part), the DRAM top (``dram``: :class:`DramEcp5Top`, the model in the SDRAM) with 16 lanes at the
 #: controller's 50 MHz (16 trits a cycle already exceed what the SDRAM delivers, issue 22) and nextpnr's static
 #: placer (the stream top's 16-lane core routed with it at 57.07 MHz; heap's placements of that core before
