@@ -53,15 +53,10 @@ from hw import dram
 
 pytestmark = pytest.mark.sim
 
-#: The DDR3 bitstream being built (``python -m hw.boards ecpix5-85f --dram --freq-mhz 72 --lanes 40 --seed 1
-#: --quant-lanes 4 --baud 12000000``): ``hw.boards.ecp5.CHOSEN`` still names the ECPIX-5's stream top until a DDR3
-#: bitstream is committed, so its settings are stated here
-DDR3_BUILD = {"lanes": 40, "quant_lanes": 4, "freq_mhz": 72.0, "baud": 12_000_000}
-
 
 def ddr3_design_point() -> dict:
     """The DDR3 bitstream's core build, clocks and UART settings as :class:`hw.boards.ecp5.Ddr3Ecp5Top` makes them
-    from :data:`DDR3_BUILD`.
+    from :data:`hw.boards.ecp5.DDR3_BUILD`.
 
     Returns
     -------
@@ -73,10 +68,10 @@ def ddr3_design_point() -> dict:
     """
     from hw.boards import ecp5
 
-    info = ecp5.BOARDS["ecpix5-85f"]
-    core = {**ecp5.DEFAULT_PARAMS, "lanes": DDR3_BUILD["lanes"], "quant_lanes": DDR3_BUILD["quant_lanes"]}
-    top = ecp5.Ddr3Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=DDR3_BUILD["freq_mhz"] * 1e6,
-                           baud=DDR3_BUILD["baud"], dram_config=info.dram_config, uart=info.uart)
+    info, point = ecp5.BOARDS["ecpix5-85f"], ecp5.DDR3_BUILD
+    core = {**ecp5.DEFAULT_PARAMS, "lanes": point["lanes"], "quant_lanes": point["quant_lanes"]}
+    top = ecp5.Ddr3Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=point["freq_mhz"] * 1e6,
+                           baud=point["baud"], dram_config=info.dram_config, uart=info.uart)
     f_dram = top.dram_clocks["dram"]
     return {"build": top.build, "clock_hz": top.freq_hz, "clock_ps": _period_ps(top.freq_hz), "baud": top.baud,
             "divisor": top.divisor, "sim_divisor": top.divisor, "pll": dict(top.pll), "dram_clock_hz": f_dram,
@@ -137,7 +132,7 @@ def test_shipped_model(built, tmp_path):
                 "core_hz": point["clock_hz"], "core_period_ps": point["clock_ps"],
                 "controller_hz": point["dram_clock_hz"], "controller_period_ps": point["dram_clock_ps"],
                 "core_pll": point["pll"], "dram_core_clocks_hz": point["dram_clocks"],
-                "source": "hw.boards.ecp5.Ddr3Ecp5Top for the bitstream being built (test_board_ddr3.DDR3_BUILD): "
+                "source": "hw.boards.ecp5.Ddr3Ecp5Top for the bitstream being built (hw.boards.ecp5.DDR3_BUILD): "
                           "the core's EHXPLLL (100 MHz x clkfb_div / clki_div / clkop_div) and the DDR3 core's "
                           "sys_clk_freq; simulated at the nearest even ps, as two unrelated clocks",
             },

@@ -5,8 +5,9 @@ What is simulated (:func:`sim_top`, top module ``ddr3_token_sim``) is the logic 
 :class:`hw.boards.ecp5.Ddr3Ecp5Top` less its PLLs, pins and UART:
 
 - :class:`hw.boards.dram_board.DRAMBoard` (``port_width=128``, ``hold_port=True``) with the real core
-  (:class:`hw.top.Accelerator`) at :func:`design_point` (the ECPIX-5's 64-bit base-3 channel, 40 lanes, 4 quantize
-  lanes, the folded epilogue; capacities of the 370M shape), in ``sync`` at :data:`CORE_HZ`;
+  (:class:`hw.top.Accelerator`) at :func:`design_point` (the ECPIX-5's 64-bit base-3 channel, the lanes and
+  quantize lanes of ``hw.boards.ecp5.DDR3_BUILD``, the folded epilogue; capacities of the 370M shape), in ``sync``
+  at :data:`CORE_HZ`;
 - :class:`hw.boards.ecp5.Ddr3Crossings` (the native port through :class:`hw.dram_cdc.NativePortCDC`, the control bus
   through :class:`hw.wishbone_cdc.WishboneCDC`, the status bits through synchronizers): two clocks as on the board;
 - :class:`hw.dram.LiteDRAMCore` (``hold_port=True``) on the ECPIX-5 config's simulation core
@@ -62,7 +63,8 @@ PUBLIC_VLT = HERE / "public.vlt"
 TOP = "ddr3_token_sim"
 BUILD_ROOT = Path(os.environ.get("MMFREE_DDR3_TOKEN_BUILD", ROOT / "build" / "ddr3_token"))
 
-#: the core's clock (``sync``), Hz, and the controller's (``dram``, the ECPIX-5 config's ``sys_clk_freq``)
+#: the core's clock (``sync``, ``hw.boards.ecp5.DDR3_BUILD``'s), Hz, and the controller's (``dram``, the ECPIX-5
+#: config's ``sys_clk_freq``)
 CORE_HZ = 72_000_000
 DRAM_HZ = 75_000_000
 #: their periods in the harness's time unit (1/3.6 GHz): 72 MHz = 50 units, 75 MHz = 48 units
@@ -79,20 +81,20 @@ BYTE_TIMEOUT = 1 << 24
 
 def design_point():
     """The core the harness builds: the ECPIX-5 DDR3 top's channel (``hw.boards.ecp5.DEFAULT_PARAMS``: one 64-bit
-    base-3 channel, the folded epilogue) with 40 lanes (one base-3 beat, 40 trits, a cycle) and 4 quantize lanes,
-    capacities of the 370M shape (hidden 1024, intermediate 2816, 32 layers: the next power of two of 24), at
-    :data:`CORE_HZ`.
+    base-3 channel, the folded epilogue) with :data:`hw.boards.ecp5.DDR3_BUILD`'s lanes (40: one base-3 beat, 40
+    trits, a cycle) and quantize lanes, capacities of the 370M shape (hidden 1024, intermediate 2816, 32 layers:
+    the next power of two of 24), at :data:`CORE_HZ`.
 
     Returns
     -------
     hw.params.BuildParams
     """
-    from hw.boards.ecp5 import DEFAULT_PARAMS
+    from hw.boards.ecp5 import DDR3_BUILD, DEFAULT_PARAMS
     from hw.params import BuildParams
 
     layers = 1 << (SHAPE_370M["num_hidden_layers"] - 1).bit_length()
-    return BuildParams.from_mapping({**DEFAULT_PARAMS, "lanes": 40, "quant_lanes": 4,
-                                     "max_hidden": SHAPE_370M["hidden_size"],
+    return BuildParams.from_mapping({**DEFAULT_PARAMS, "lanes": DDR3_BUILD["lanes"],
+                                     "quant_lanes": DDR3_BUILD["quant_lanes"], "max_hidden": SHAPE_370M["hidden_size"],
                                      "max_intermediate": SHAPE_370M["intermediate_size"], "max_layers": layers,
                                      "fmax_mhz": CORE_HZ / 1e6})
 

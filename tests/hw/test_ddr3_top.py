@@ -528,3 +528,18 @@ def test_the_whole_ddr3_top_synthesises(tmp_path):
     print("SYNTH", " ".join(f"{k}={v}" for k, v in counts.items()))
     assert counts["EHXPLLL"] == 2 and counts["DQSBUFM"] == 2 and counts["DDRDLLA"] == 1 and counts["CLKDIVF"] == 1
     assert counts["LUT4"] > 10_000 and counts["DP16KD"] > 0
+
+
+def test_the_simulations_model_the_ddr3_build():
+    """The token harness's clocks and core are :data:`hw.boards.ecp5.DDR3_BUILD`'s (one home for the design
+    point): 72 MHz and 75 MHz exactly from its periods, its lanes and quantize lanes, and a divisor of whole
+    cycles a bit for its baud rate."""
+    from sim import ddr3_token
+
+    point = ecp5.DDR3_BUILD
+    assert ddr3_token.CORE_HZ == point["freq_mhz"] * 1e6
+    assert ddr3_token.CORE_HZ * ddr3_token.CORE_PERIOD == ddr3_token.DRAM_HZ * ddr3_token.DRAM_PERIOD == 3.6e9
+    build = ddr3_token.design_point()
+    assert (build.lanes, build.quant_lanes) == (point["lanes"], point["quant_lanes"])
+    assert build.fmax_mhz == point["freq_mhz"]
+    assert ddr3_token.CORE_HZ % point["baud"] == 0
