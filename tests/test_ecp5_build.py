@@ -119,6 +119,7 @@ def test_place_only_builds_have_their_own_folder():
     assert ecp5.build_tag(core, 50.0, 2, "router2", 0.6) == "l32_q4_f50_s2_router2_d0.6"
     assert ecp5.build_tag(core, 50.0, 1, placer="static") == "l32_q4_f50_s1_static"
     assert ecp5.build_tag({**core, "epilogue_folded": False}, 50.0, 1) == "l32_q4_pipelined_f50_s1"
+    assert ecp5.build_tag(core, 50.0, 1, placer="static", lut_mapper="abc") == "l32_q4_f50_s1_static_abc"
 
 
 def test_ecp5_builds_fold_the_epilogue():
@@ -145,6 +146,20 @@ def test_dispatcher_passes_the_placer(monkeypatch):
     assert seen[-1] == ("ulx3s-85f", "heap")
     with pytest.raises(SystemExit):
         dispatcher.main(["ecpix5-85f", "--placer", "sa"])
+
+
+def test_dispatcher_passes_the_lut_mapper(monkeypatch, capsys):
+    """``--lut-mapper`` reaches the build (abc9 without it); a Xilinx board refuses it, as every ECP5 option."""
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append(kw["lut_mapper"]) or 0)
+    assert dispatcher.main(["ecpix5-85f", "--dram", "--lut-mapper", "abc"]) == 0
+    assert dispatcher.main(["ecpix5-85f"]) == 0
+    assert seen == ["abc", ecp5.CHOSEN["ecpix5-85f"].get("lut_mapper", "abc9")]
+    with pytest.raises(SystemExit):
+        dispatcher.main(["ecpix5-85f", "--lut-mapper", "vpr"])
+    with pytest.raises(SystemExit):
+        dispatcher.main(["kv260", "--lut-mapper", "abc"])
+    assert "--lut-mapper" in capsys.readouterr().err
 
 
 def test_dispatcher_rejects_unknown_boards(capsys):

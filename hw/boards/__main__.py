@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--placer-density", type=float, default=None,
                     help="ECP5: nextpnr's maximum placement density (--placer-heap-beta; its default 0.9); "
                          "heap placer only, which it selects when --placer is not given")
+    ap.add_argument("--lut-mapper", choices=ecp5.LUT_MAPPERS, default=None,
+                    help="ECP5: Yosys's LUT mapper: abc9 (synth_ecp5's, the default) or abc (abc -lut 4:7 in its "
+                         "place: Yosys 0.70's abc9 asserts on some netlists of this design, docs/DDR3.md)")
     ap.add_argument("--place-only", action="store_true",
                     help="ECP5: stop after placement (no bitstream); report nextpnr's post-placement Fmax estimate")
     ap.add_argument("--pipelined-epilogue", action="store_true",
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             ("--baud", args.baud is not None), ("--quant-lanes", args.quant_lanes is not None),
             ("--placer", args.placer is not None), ("--router", args.router is not None),
             ("--placer-density", args.placer_density is not None), ("--place-only", args.place_only),
-            ("--pipelined-epilogue", args.pipelined_epilogue), ("--sdram-phase", args.sdram_phase is not None),
+            ("--lut-mapper", args.lut_mapper is not None), ("--pipelined-epilogue", args.pipelined_epilogue),
+            ("--sdram-phase", args.sdram_phase is not None),
             ("--sweep", args.sweep), ("--publish", args.publish is not None),
             ("--seed", args.seed != ap.get_default("seed")),
             ("several --lanes values", args.lanes is not None and len(args.lanes) > 1)) if given]
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.baud is None:
             args.baud = chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
+        args.lut_mapper = args.lut_mapper or chosen.get("lut_mapper", "abc9")
         # a placement density is the heap placer's: it selects heap unless --placer says otherwise
         args.placer = args.placer or ("heap" if args.placer_density is not None else chosen.get("placer", "heap"))
         if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.sweep:
                 res = ecp5.sweep(args.board, [{"lanes": n, "freq_mhz": f, "seed": args.seed, "baud": args.baud,
                                                "router": args.router, "density": args.placer_density,
-                                               "placer": args.placer,
+                                               "placer": args.placer, "lut_mapper": args.lut_mapper,
                                                "place_only": args.place_only, **extra}
                                               for n in lanes for f in freqs], args.out)
                 keys = ("lanes", "target_mhz", "status", "placed_fmax_mhz", "fmax_mhz", "timing_met", "lanes_x_fmax")
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             return ecp5.build(args.board, args.out, freq_mhz=freqs[0], baud=args.baud, seed=args.seed,
                               router=args.router, density=args.placer_density, place_only=args.place_only,
-                              placer=args.placer, lanes=lanes[0], **extra)
+                              placer=args.placer, lut_mapper=args.lut_mapper, lanes=lanes[0], **extra)
         except ValueError as exc:       # a request the build refuses: clock, baud rate, density, placer, lanes
             print(f"python -m hw.boards: {exc}", file=sys.stderr)
             return 2

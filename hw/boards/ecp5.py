@@ -49,9 +49,9 @@ from hw.params import BuildParams
 from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "Ddr3Ecp5Top", "LinkedCore", "LinkedDramBoard",
-           "pll_config", "pll_phase_output", "build", "sweep", "publish", "collect_sweep", "DEFAULT_PARAMS",
-           "DEFAULT_BUILD", "DDR3_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS", "DDR3_PINS",
-           "Ddr3Crossings", "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE", "cross_ddr3"]
+           "pll_config", "pll_phase_output", "build", "LUT_MAPPERS", "sweep", "publish", "collect_sweep",
+           "DEFAULT_PARAMS", "DEFAULT_BUILD", "DDR3_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS",
+           "DDR3_PINS", "Ddr3Crossings", "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE", "cross_ddr3"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -991,16 +991,26 @@ ROUTERS = ("router1", "router2")
 #: registers of :class:`LinkedCore`, the ULX3S's build routed: bitstreams/README.md)
 PLACERS = ("heap", "static")
 
+#: Yosys's LUT mappers (``--lut-mapper``): ``abc9`` (``synth_ecp5``'s own) and ``abc`` (the older ``abc -lut 4:7
+#: -dress`` in its place, between ``synth_ecp5``'s ``map_luts`` and ``map_cells`` steps). ``abc`` exists because Yosys
+#: 0.70's abc9 asserts on some netlists of this design (``ABC_OPS_REINTEGRATE``: ``GetSize(conn.first) ==
+#: GetSize(conn.second)``, rtlil.cc:3091; the DDR3 top with one quantize lane, docs/DDR3.md)
+LUT_MAPPERS = ("abc9", "abc")
+#: the Yosys commands that replace ``synth_ecp5``'s ``map_luts`` step with the ``abc`` mapper (its latch map first,
+#: as ``map_luts`` does)
+_ABC_MAP_LUTS = ("techmap -map +/lattice/latches_map.v", "abc -lut 4:7 -dress", "clean")
+
 
 def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", density: float | None = None,
               place_only: bool = False, placer: str = "heap", dram: bool = False,
-              sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG) -> str:
+              sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG, lut_mapper: str = "abc9") -> str:
     """The build folder name of a configuration:
     ``[dram_]l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>[_p<SDRAM clock phase>]_s<seed>[_static][_router2]
-    [_d<density>][_placed]`` (``dram_`` for :class:`DramEcp5Top`, with its SDRAM clock phase only where it differs
-    from :data:`SDRAM_CLK_PHASE_DEG`; the quantize lanes only where they differ from :data:`DEFAULT_PARAMS`,
+    [_d<density>][_abc][_placed]`` (``dram_`` for :class:`DramEcp5Top`, with its SDRAM clock phase only where it
+    differs from :data:`SDRAM_CLK_PHASE_DEG`; the quantize lanes only where they differ from :data:`DEFAULT_PARAMS`,
     ``_pipelined`` for the pipelined epilogue, the placer only when not heap, the router only when not router1, the
-    placement density only when set, ``_placed`` for a build stopped after placement)."""
+    placement density only when set, the LUT mapper only when not abc9, ``_placed`` for a build stopped after
+    placement)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
     if not core.get("epilogue_folded", False):
         q += "_pipelined"
@@ -1008,7 +1018,7 @@ def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", d
     d = "" if density is None else f"_d{density:g}"
     ph = f"_p{sdram_phase_deg:g}" if dram and sdram_phase_deg != SDRAM_CLK_PHASE_DEG else ""
     return (("dram_" if dram else "") + f"l{core['lanes']}{q}_f{freq_mhz:g}{ph}_s{seed}{r}{d}"
-            + ("_placed" if place_only else ""))
+            + ("" if lut_mapper == "abc9" else f"_{lut_mapper}") + ("_placed" if place_only else ""))
 
 
 def _clock_roles(clocks: dict, target_mhz: float, dram_targets: dict | None = None) -> dict:
@@ -1090,7 +1100,7 @@ def _litedram_record(config: Path, core) -> dict:
 def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, baud: int = 3_000_000, seed: int = 1,
           router: str = "router1", density: float | None = None, build_root: Path | None = None,
           write_bitstream_dir: bool = True, place_only: bool = False, placer: str = "heap", dram: bool = False,
-          sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG, **params) -> int:
+          sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG, lut_mapper: str = "abc9", **params) -> int:
     """Build one ECP5 bitstream and write ``out_dir`` (default ``bitstreams/<board>/``).
 
     Parameters
@@ -1122,6 +1132,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         configuration that misses its target here may still close. About 10-15 minutes.
     placer : str
         nextpnr's placer, one of :data:`PLACERS`.
+    lut_mapper : str
+        Yosys's LUT mapper, one of :data:`LUT_MAPPERS`: ``abc9`` (``synth_ecp5`` as it is) or ``abc``.
     dram : bool
         Build the board's DRAM top (:func:`dram_top_class`: :class:`DramEcp5Top` on an SDR board,
         :class:`Ddr3Ecp5Top` on a DDR3 board; the model in the board's DRAM, tokens over the link) instead of
@@ -1144,9 +1156,9 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     Raises
     ------
     ValueError
-        On an unknown board, a target below 50 MHz, a baud rate above the board's bridge, an unknown router or
-        placer, a density with the static placer, ``dram`` on a board without a LiteDRAM config, an SDRAM clock
-        phase on a DDR3 board, or bad parameters.
+        On an unknown board, a target below 50 MHz, a baud rate above the board's bridge, an unknown router,
+        placer or LUT mapper, a density with the static placer, ``dram`` on a board without a LiteDRAM config, an
+        SDRAM clock phase on a DDR3 board, or bad parameters.
     """
     import importlib
 
@@ -1159,6 +1171,8 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         raise ValueError(f"unknown nextpnr router {router!r}; known: {', '.join(ROUTERS)}")
     if placer not in PLACERS:
         raise ValueError(f"unknown nextpnr placer {placer!r}; known: {', '.join(PLACERS)}")
+    if lut_mapper not in LUT_MAPPERS:
+        raise ValueError(f"unknown LUT mapper {lut_mapper!r}; known: {', '.join(LUT_MAPPERS)}")
     if density is not None and placer != "heap":
         raise ValueError("a placement density (--placer-heap-beta) applies to the heap placer only")
     if freq_mhz < 50:
@@ -1168,7 +1182,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     if dram and info.dram_config is None:
         raise ValueError(f"{board} has no LiteDRAM config (BoardInfo.dram_config): no DRAM top to build")
     core = {**DEFAULT_PARAMS, **params}
-    tag = build_tag(core, freq_mhz, seed, router, density, place_only, placer, dram, sdram_phase_deg)
+    tag = build_tag(core, freq_mhz, seed, router, density, place_only, placer, dram, sdram_phase_deg, lut_mapper)
     q = core["quant_lanes"] != DEFAULT_PARAMS["quant_lanes"]
     bdir = Path(build_root) if build_root else REPO_ROOT / "build" / "boards" / board / tag
     out = Path(out_dir) if out_dir else REPO_ROOT / "bitstreams" / board
@@ -1200,7 +1214,10 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
     # of the sources elaborated now (the tools then run for up to hours); only hw/ makes it -dirty
     revision = git_revision(paths=("hw",)) or "unknown"
     print(f"{board}: elaborating {tag} into {bdir}", file=sys.stderr, flush=True)
-    plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts)
+    synth = {} if lut_mapper == "abc9" else {
+        "synth_opts": "-run :map_luts",
+        "script_after_synth": "\n".join((*_ABC_MAP_LUTS, "synth_ecp5 -top top -run map_cells:"))}
+    plan = platform.build(top, name="top", build_dir=str(bdir), do_build=False, nextpnr_opts=opts, **synth)
     env = _tool_env()
     if place_only:
         env["ECPPACK"] = "true"       # the build script's ecppack step: no bitstream from an unrouted design
@@ -1224,7 +1241,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
         "params": {k: (v.name.lower() if hasattr(v, "name") else v) for k, v in core.items()},
         "lanes": core["lanes"], "channels": core["channels"], "bus_bits": core["bus_bits"],
         "packing": str(core["packing"]).lower(), "seed": seed, "placer": placer, "router": router,
-        "placement_density": density,
+        "placement_density": density, "lut_mapper": lut_mapper,
         "build_seconds": round(seconds, 1),
         "tools": {k: _tool_version(env[k]) for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")},
         "git_revision": revision, "build_dir": str(bdir.relative_to(REPO_ROOT)) if bdir.is_relative_to(
@@ -1236,6 +1253,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
                    + f" --placer {placer}"
                    + (f" --router {router}" if router != "router1" else "")
                    + (f" --placer-density {density:g}" if density is not None else "")
+                   + (f" --lut-mapper {lut_mapper}" if lut_mapper != "abc9" else "")
                    + (" --dram" if ddr3 else f" --dram --sdram-phase {sdram_phase_deg:g}" if dram else " --no-dram")
                    + (" --place-only" if place_only else ""),
     }
@@ -1386,11 +1404,12 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
         placer = cfg.pop("placer", "heap")
         dram = cfg.pop("dram", False)
         phase = cfg.pop("sdram_phase_deg", SDRAM_CLK_PHASE_DEG)
+        mapper = cfg.pop("lut_mapper", "abc9")
         rc = build(board, out_dir, freq_mhz=freq, seed=seed, router=router, density=density,
                    write_bitstream_dir=False, place_only=place_only, placer=placer, dram=dram,
-                   sdram_phase_deg=phase, **cfg)
+                   sdram_phase_deg=phase, lut_mapper=mapper, **cfg)
         tag = build_tag({**DEFAULT_PARAMS, **{k: v for k, v in cfg.items() if k != "baud"}}, freq, seed, router,
-                        density, place_only, placer, dram, phase)
+                        density, place_only, placer, dram, phase, mapper)
         rep = json.loads((REPO_ROOT / "build" / "boards" / board / tag / "report.json").read_text())
         rep["rc"] = rc
         results.append(rep)

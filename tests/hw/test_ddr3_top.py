@@ -281,6 +281,21 @@ def test_the_build_report_records_both_plls_and_every_clock(tmp_path, monkeypatc
                     write_bitstream_dir=False, dram=True, lanes=32, quant_lanes=4)
     rep = json.loads((bdir / "report.json").read_text())
     assert rc == 1 and rep["timing_met"] is False
+    assert rep["lut_mapper"] == "abc9" and "--lut-mapper" not in rep["command"]
+    assert "synth_ecp5  -top top" in (bdir / "top.ys").read_text()
+    # Yosys's abc in place of abc9: synth_ecp5 up to map_luts, abc's LUT map, then synth_ecp5 from map_cells on
+    fmax["$glbnet$dram.litedram.sys2x_clk"] = (151.0, 150.0)
+    rc = ecp5.build("ecpix5-85f", tmp_path / "out", freq_mhz=100, baud=2_000_000, build_root=bdir,
+                    write_bitstream_dir=False, dram=True, lanes=32, quant_lanes=4, lut_mapper="abc")
+    rep = json.loads((bdir / "report.json").read_text())
+    assert rc == 0 and rep["lut_mapper"] == "abc" and " --lut-mapper abc" in rep["command"]
+    lines = [ln.strip() for ln in (bdir / "top.ys").read_text().splitlines()]
+    steps = ["synth_ecp5 -run :map_luts -top top", "techmap -map +/lattice/latches_map.v", "abc -lut 4:7 -dress",
+             "clean", "synth_ecp5 -top top -run map_cells:", "write_json top.json"]
+    assert lines[lines.index(steps[0]):][:len(steps)] == steps
+    with pytest.raises(ValueError, match="unknown LUT mapper 'abc10'; known: abc9, abc"):
+        ecp5.build("ecpix5-85f", tmp_path / "out", freq_mhz=100, baud=2_000_000, build_root=bdir, dram=True,
+                   lut_mapper="abc10")
 
 
 def test_the_ulx3s_top_keeps_one_clock_domain(tmp_path):
