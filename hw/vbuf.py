@@ -32,10 +32,11 @@ class VectorBuffer(wiring.Component):
         Elements (capacity).
     banks : int
         Power of two, >= ``write_group`` and ``read_group``.
-    write_group : int
-        Elements written at once by ``wr_wide`` (power of two; 1 disables the port).
-    read_group : int
-        Elements read at once by ``rd_wide`` (power of two; 1 disables the port).
+    write_group : int or None
+        Elements written at once by ``wr_wide`` (power of two; 1 is a port of one element); None: no ``wr_wide``.
+    read_group : int or None
+        Elements read at once by ``rd_wide`` (power of two; 1 is a port of one element, as a one-lane quantizer
+        reads); None: no ``rd_wide``.
 
     Attributes
     ----------
@@ -44,7 +45,14 @@ class VectorBuffer(wiring.Component):
     rd : ReadPort.Signature(addr = element index, data int32)
         One element, one cycle after ``addr`` (sync read, ``en`` honoured).
     wr_wide : WritePort.Signature(addr = group index, data ArrayLayout(int32, write_group))
+        Only with a ``write_group``.
     rd_wide : ReadPort.Signature(addr = group index, data ArrayLayout(int32, read_group))
+        Only with a ``read_group``; its own read port on every bank (``rd``'s are separate).
+
+    Raises
+    ------
+    ValueError
+        A non-positive ``depth``; ``banks`` or a group not a power of two; ``banks`` below a group.
     """
 
     #: Cycles from a read's ``addr``/``en`` (on ``rd`` or ``rd_wide``) to its ``data``
@@ -57,24 +65,26 @@ class VectorBuffer(wiring.Component):
         the element index; ``rd_wide``/``wr_wide``: the group index)."""
         return ceil_log2(max(-(-depth // group), 2))
 
-    def __init__(self, *, depth: int, banks: int, write_group: int = 1, read_group: int = 1):
+    def __init__(self, *, depth: int, banks: int, write_group: int | None = None, read_group: int | None = None):
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive integer, got {depth!r}")
         for name, v in (("banks", banks), ("write_group", write_group), ("read_group", read_group)):
-            _pow2(name, v)
-        if banks < max(write_group, read_group):
+            if v is not None:
+                _pow2(name, v)
+        if banks < max(write_group or 1, read_group or 1):
             raise ValueError(f"banks ({banks}) must be >= write_group ({write_group}) and read_group ({read_group})")
         self._depth, self._banks, self._wg, self._rg = depth, banks, write_group, read_group
         self._rows = -(-depth // banks)
         aw = self.addr_width_for(depth)
-        super().__init__({
-            "wr": Out(memory.WritePort.Signature(addr_width=aw, shape=INT32)),
-            "rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=INT32)),
-            "wr_wide": Out(memory.WritePort.Signature(addr_width=self.addr_width_for(depth, write_group),
-                                                      shape=data.ArrayLayout(INT32, write_group))),
-            "rd_wide": Out(memory.ReadPort.Signature(addr_width=self.addr_width_for(depth, read_group),
-                                                     shape=data.ArrayLayout(INT32, read_group))),
-        })
+        ports = {"wr": Out(memory.WritePort.Signature(addr_width=aw, shape=INT32)),
+                 "rd": Out(memory.ReadPort.Signature(addr_width=aw, shape=INT32))}
+        if write_group is not None:
+            ports["wr_wide"] = Out(memory.WritePort.Signature(addr_width=self.addr_width_for(depth, write_group),
+                                                              shape=data.ArrayLayout(INT32, write_group)))
+        if read_group is not None:
+            ports["rd_wide"] = Out(memory.ReadPort.Signature(addr_width=self.addr_width_for(depth, read_group),
+                                                             shape=data.ArrayLayout(INT32, read_group)))
+        super().__init__(ports)
 
     depth = property(lambda self: self._depth)
     banks = property(lambda self: self._banks)
@@ -94,21 +104,17 @@ class VectorBuffer(wiring.Component):
             m.submodules[f"bank{k}"] = mem
             mems.append(mem)
         # one write port per bank: the narrow write wins over the wide one
-        lwg, lrg = ceil_log2(wg), ceil_log2(rg)
-        wide_first = self.wr_wide.addr << lwg          # element index of the group's first element
         for k, mem in enumerate(mems):
             w = mem.write_port()
             narrow = self.wr.en & (self.wr.addr[:lb] == k) if lb else self.wr.en
-            lane = k % wg
-            wide_row = wide_first >> lb
-            if wg > 1:
-                wide = self.wr_wide.en & ((wide_first[:lb] == (k - lane)) if lb > lwg else Const(1))
-            else:
-                wide = Const(0)
             with m.If(narrow):
                 m.d.comb += [w.addr.eq(self.wr.addr >> lb), w.data.eq(self.wr.data), w.en.eq(1)]
-            with m.Elif(wide):
-                m.d.comb += [w.addr.eq(wide_row), w.data.eq(self.wr_wide.data[lane]), w.en.eq(1)]
+            if wg is not None:
+                lwg, lane = ceil_log2(wg), k % wg
+                wide_first = self.wr_wide.addr << lwg          # element index of the group's first element
+                wide = self.wr_wide.en & ((wide_first[:lb] == (k - lane)) if lb > lwg else Const(1))
+                with m.Elif(wide):
+                    m.d.comb += [w.addr.eq(wide_first >> lb), w.data.eq(self.wr_wide.data[lane]), w.en.eq(1)]
         # narrow read: bank select registered with the read
         sel = Signal(max(lb, 1))
         with m.If(self.rd.en):
@@ -123,7 +129,8 @@ class VectorBuffer(wiring.Component):
                 with m.Case(k):
                     m.d.comb += self.rd.data.eq(rdata[k])
         # wide read: an aligned group of rg elements of one row
-        if rg > 1:
+        if rg is not None:
+            lrg = ceil_log2(rg)
             gsel = Signal(max(lb - lrg, 1))
             first = self.rd_wide.addr << lrg
             row = first >> lb

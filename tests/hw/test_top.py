@@ -53,7 +53,8 @@ def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout
         state = res.state
         packets.append(pk)
         expected.append(res.output)
-    dut = Accelerator(BuildParams(lanes=lanes, channels=1, bus_bits=bus_bits, quant_lanes=4, packing=packing,
+    build = {"quant_lanes": 4, **build}
+    dut = Accelerator(BuildParams(lanes=lanes, channels=1, bus_bits=bus_bits, packing=packing,
                                   max_hidden=32, max_intermediate=32, max_layers=max_layers, **build))
     got: list[bytes] = []
 
@@ -112,6 +113,17 @@ def test_numerics_bit_exact(folded, biased):
     quantizing GEMV; both epilogue forms (the released gate's g_proj reduces twice into R4)."""
     got, expected = run_tokens(TritPacking.BASE3, lanes=16, bus_bits=64, ids=[5, 17], numerics=True,
                                biased=biased, epilogue_folded=folded)
+    assert len(got) == 4
+    for g, e in zip(got, expected, strict=True):
+        assert g == e
+
+
+@pytest.mark.parametrize("quant_lanes", [1, 2])
+def test_narrow_quantizer_bit_exact(quant_lanes):
+    """One or two quantize lanes (the quantizer reads X, A, P and QC through wide ports of one or two elements):
+    a one-lane core once read its sources as zero and returned all-zero logits."""
+    got, expected = run_tokens(TritPacking.BASE3, lanes=16, bus_bits=64, ids=[5, 17], numerics=True,
+                               quant_lanes=quant_lanes, epilogue_folded=True)
     assert len(got) == 4
     for g, e in zip(got, expected, strict=True):
         assert g == e
