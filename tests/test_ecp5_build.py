@@ -148,6 +148,18 @@ def test_dispatcher_passes_the_placer(monkeypatch):
         dispatcher.main(["ecpix5-85f", "--placer", "sa"])
 
 
+def test_dispatcher_passes_the_chosen_seed(monkeypatch):
+    """Without ``--seed`` a board builds with its chosen build's seed (the ULX3S's committed build used 2), else 1;
+    ``--seed`` wins."""
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append(kw["seed"]) or 0)
+    for args in (["ulx3s-85f"], ["ulx3s-85f", "--seed", "5"], ["ecpix5-85f"]):
+        assert dispatcher.main(args) == 0
+    assert seen == [ecp5.CHOSEN["ulx3s-85f"]["seed"], 5, ecp5.CHOSEN["ecpix5-85f"].get("seed", 1)]
+    rep = json.loads((ROOT / "bitstreams" / "ulx3s-85f" / "report.json").read_text())
+    assert rep["seed"] == ecp5.CHOSEN["ulx3s-85f"]["seed"]      # make bitstream repeats the committed build
+
+
 def test_dispatcher_passes_the_lut_mapper(monkeypatch, capsys):
     """``--lut-mapper`` reaches the build (abc9 without it); a Xilinx board refuses it, as every ECP5 option."""
     seen = []
@@ -686,5 +698,7 @@ def test_dispatcher_passes_xilinx_boards_their_own_options(monkeypatch):
         pytest.skip("hw/boards/xilinx.py is not in this tree")
     seen = []
     monkeypatch.setattr(xil, "build", lambda board, out, **kw: seen.append((board, out, kw)) or 0)
-    assert dispatcher.main(["kv260", "--lanes", "32", "--seed", "1", "--out", "x"]) == 0
+    assert dispatcher.main(["kv260", "--lanes", "32", "--out", "x"]) == 0
     assert seen == [("kv260", Path("x"), {"lanes": 32})]
+    with pytest.raises(SystemExit):     # a nextpnr seed is an ECP5 option, whatever its value
+        dispatcher.main(["kv260", "--lanes", "32", "--seed", "1", "--out", "x"])

@@ -4,7 +4,7 @@ protocol (:mod:`hw.boards.link_protocol`, pure Python: this module imports witho
 Two kinds of bitstream answer on the port, told apart on connect by a board-register read (``'G'``):
 
 * **DRAM boards** (link version 2 or 3, :mod:`hw.boards.dram_board`; the ULX3S's
-  ``bitstreams/ulx3s-85f/ulx3s-85f.bit`` speaks version 2): the model image and the embedding table live in the board's
+  ``bitstreams/ulx3s-85f/ulx3s-85f.bit`` speaks version 3): the model image and the embedding table live in the board's
   DRAM, **loaded once** (:meth:`Ecp5Transport.load_model`: block CRCs compared, only differing blocks written,
   so a load interrupted by a dropped link restarts where it stopped; a reconnect finds the board's
   ``IMAGE_CHECKSUM`` naming the bundle and skips the load). Per token the link carries a ``'T'`` command

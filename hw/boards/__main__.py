@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="ECP5: codes re-quantized per cycle (default: the board's chosen build, else 8)")
     ap.add_argument("--baud", type=int, default=None,
                     help="ECP5: UART rate (default: the board's chosen build, else 3000000)")
-    ap.add_argument("--seed", type=int, default=1, help="ECP5: nextpnr seed")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="ECP5: nextpnr seed (default: the board's chosen build's, else 1)")
     ap.add_argument("--placer", choices=ecp5.PLACERS, default=None,
                     help="ECP5: nextpnr placer (default: the board's chosen build, else heap)")
     ap.add_argument("--router", choices=ecp5.ROUTERS, default=None,
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             ("--lut-mapper", args.lut_mapper is not None), ("--pipelined-epilogue", args.pipelined_epilogue),
             ("--sdram-phase", args.sdram_phase is not None),
             ("--sweep", args.sweep), ("--publish", args.publish is not None),
-            ("--seed", args.seed != ap.get_default("seed")),
+            ("--seed", args.seed is not None),
             ("several --lanes values", args.lanes is not None and len(args.lanes) > 1)) if given]
         if ecp5_only:
             ap.error(f"{args.board} is a Xilinx board: its flow takes --out and one --lanes value, not "
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             args.baud = chosen.get("baud", 3_000_000)
         args.router = args.router or chosen.get("router", "router1")
         args.lut_mapper = args.lut_mapper or chosen.get("lut_mapper", "abc9")
+        args.seed = chosen.get("seed", 1) if args.seed is None else args.seed
         # a placement density is the heap placer's: it selects heap unless --placer says otherwise
         args.placer = args.placer or ("heap" if args.placer_density is not None else chosen.get("placer", "heap"))
         if (len(lanes) != 1 or len(freqs) != 1) and not args.sweep:

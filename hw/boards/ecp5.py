@@ -1421,11 +1421,12 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 
 
 #: The ECPIX-5's DDR3 build (:class:`Ddr3Ecp5Top`, ``python -m hw.boards ecpix5-85f --dram``): 40 lanes in the
-#: core's own 72 MHz domain (2.88 G trits/s against the DDR3's 3.0 G at 100 %), 4 quantize lanes, 12 Mbaud
-#: (72 MHz / 6, the FT2232H's UART): ``python -m hw.boards ecpix5-85f --dram --lanes 40 --freq-mhz 72 --quant-lanes 4
-#: --baud 12000000`` (docs/DDR3.md). The one home of that design point for the simulations that model it
-#: (``sim/test_board_ddr3.py``, ``sim/ddr3_token``) while :data:`CHOSEN` names the ECPIX-5's stream top.
-DDR3_BUILD: dict = {"lanes": 40, "quant_lanes": 4, "freq_mhz": 72.0, "baud": 12_000_000}
+#: core's own 72 MHz domain (2.88 G trits/s against the DDR3's 3.0 G at 100 %), 1 quantize lane (with 4, no
+#: placement routed: docs/DDR3.md), 12 Mbaud (72 MHz / 6, the FT2232H's UART): ``python -m hw.boards ecpix5-85f
+#: --dram --lanes 40 --freq-mhz 72 --quant-lanes 1 --baud 12000000 --placer static --router router2``. The one home
+#: of that design point for the simulations that model it (``sim/test_board_ddr3.py``, ``sim/ddr3_token``) while
+#: :data:`CHOSEN` names the ECPIX-5's stream top.
+DDR3_BUILD: dict = {"lanes": 40, "quant_lanes": 1, "freq_mhz": 72.0, "baud": 12_000_000}
 
 #: The configuration each board builds by default (``make bitstream BOARD=...``): the board's design point of
 #: :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock, and the link's rate: 2 Mbaud on both, the core
@@ -1443,4 +1444,4 @@ CHOSEN: dict[str, dict] = {
     key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
           "freq_mhz": FACTS[key].design.fmax_mhz, "baud": FACTS[key].link_baud, "router": "router1",
           "dram": BOARDS[key].dram_config is not None, **extra}
-    for key, extra in (("ecpix5-85f", {"dram": False}), ("ulx3s-85f", {"placer": "static"}))}
+    for key, extra in (("ecpix5-85f", {"dram": False}), ("ulx3s-85f", {"placer": "static", "seed": 2}))}

@@ -141,7 +141,7 @@ _ZYNQMP_HP = ("Zynq UltraScale+ MPSoC TRM (UG1085), PS-PL interfaces: four 128-b
 BOARDS: dict[str, BoardFacts] = {
     "ulx3s-85f": BoardFacts(
         "ulx3s-85f", "Radiona ULX3S 85F (ECP5)", "LFE5U-85F-6BG381C", "ecp5", "sdram", 32, 0.1, 0.1, 1, None,
-        BuildParams(lanes=16, channels=1, bus_bits=64, quant_lanes=4, fmax_mhz=50.0, epilogue_folded=True),
+        BuildParams(lanes=16, channels=1, bus_bits=64, quant_lanes=1, fmax_mhz=50.0, epilogue_folded=True),
         Idle(0.6, 0.08, "ULX3S-85F board input; " + _IDLE_BASIS_ECP5,
              "LFE5U-85F static near 25 C; " + _IDLE_BASIS_ECP5),
         {"part": "ULX3S schematic and amaranth-boards ULX3S_85F_Platform (LFE5U-85F, speed grade 6)",
@@ -150,8 +150,8 @@ BOARDS: dict[str, BoardFacts] = {
                      "docs/ARCHITECTURE.md section 4: 100 MB/s @50 MHz)",
          "port_gbs": "one LiteDRAM user port, the SDRAM's rate", "ports": "one DRAM controller",
          "design": "bitstreams/ulx3s-85f/report.json: the DRAM top (LiteDRAM SDR controller and core in one 50 MHz "
-                   "domain), 16 lanes, 4 quantize lanes, folded epilogue, 50 MHz target (53.79 MHz after routing; "
-                   "hw.boards.ecp5.CHOSEN)",
+                   "domain), 16 lanes, 1 quantize lane, folded epilogue, 50 MHz target (56.44 MHz after routing, "
+                   "nextpnr seed 2; hw.boards.ecp5.CHOSEN)",
          "link_baud": "bitstreams/ulx3s-85f/report.json: 2 Mbaud = 50 MHz / 25 (the FT231X's 3 Mbaud has no divisor "
                       "of 50 MHz within 1 %)",
          "serial_port": "the FT231X, the board's only USB serial interface"},
