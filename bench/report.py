@@ -804,7 +804,7 @@ def board_dram_section(data: dict) -> str:
 
     rows = [
         row("core build", lambda b: f"{b['design_point']['lanes']} lanes, {b['design_point']['quant_lanes']} "
-                                    f"quantize lanes"),
+                                    f"quantize lane{'s' if b['design_point']['quant_lanes'] != 1 else ''}"),
         row("clocks (simulated; the bitstream's PLL settings)", _board_clock_mhz),
         row("DRAM, controller", lambda b: f"{b['phy']['memtype']} {b['phy']['phytype']} rate 1:{b['phy']['nphases']},"
                                           f" {b['module']}, tRFC {b['timing_cycles']['tRFC']} / tREFI "

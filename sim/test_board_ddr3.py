@@ -4,7 +4,7 @@ The simulated board (top module ``board_ddr3_sim``, ``test_board_dram.sim_top``)
 :class:`hw.boards.ecp5.Ddr3Ecp5Top` less its two PLLs and the pins, built from the top's own pieces:
 
 - :class:`hw.boards.dram_board.DRAMBoard` at the controller's 128-bit port with ``hold_port=True`` and the core of the
-  DDR3 bitstream being built (:func:`ddr3_design_point`: 40 lanes, 4 quantize lanes, over ``DEFAULT_PARAMS``),
+  DDR3 bitstream being built (:func:`ddr3_design_point`: ``hw.boards.ecp5.DDR3_BUILD``, over ``DEFAULT_PARAMS``),
   behind :class:`hw.boards.ecp5.LinkedDramBoard` (the board's UART) at the bitstream's divisor, 6 cycles a bit
   (72 MHz / 12 Mbaud), in the ``sync`` domain at 72 MHz;
 - :class:`hw.boards.ecp5.Ddr3Crossings` (``NativePortCDC`` of the top's depth, ``WishboneCDC``, the

@@ -1,11 +1,12 @@
 """Whole tokens of the ECPIX-5 DDR3 board in Verilator, bit-exact with the golden device (issue 23; sim/ddr3_token).
 
 The harness (:mod:`sim.ddr3_token`) simulates ``Ddr3Ecp5Top``'s logic (``DRAMBoard`` at 128 bits with the core at
-the 370M shape's capacities, 40 lanes, 4 quantize lanes; ``Ddr3Crossings``; the LiteDRAM DDR3 simulation core)
-at 72 MHz core / 75 MHz controller, fills DRAM through a back door and drives the board with the host's ECP5
-driver over the link's byte streams. Opt-in: ``MMFREE_DDR3_TOKEN=1`` (a Verilator build of several minutes and
-1 GiB for the DDR3 model); run it under ``flock /tmp/heavy.lock``. ``MMFREE_DDR3_TOKEN_370M=1`` adds the whole
-370M shape (random weights, about 2 GB of host memory and minutes of simulation a token).
+the 370M shape's capacities, ``hw.boards.ecp5.DDR3_BUILD``'s lanes and quantize lanes; ``Ddr3Crossings``; the
+LiteDRAM DDR3 simulation core) at 72 MHz core / 75 MHz controller, fills DRAM through a back door and drives the
+board with the host's ECP5 driver over the link's byte streams. Opt-in: ``MMFREE_DDR3_TOKEN=1`` (a Verilator build
+of several minutes and 1 GiB for the DDR3 model); run it under ``flock /tmp/heavy.lock``.
+``MMFREE_DDR3_TOKEN_370M=1`` adds the whole 370M shape (random weights, about 2 GB of host memory and minutes of
+simulation a token).
 """
 
 from __future__ import annotations
