@@ -17,9 +17,10 @@ What is simulated (:func:`sim_top`, top module ``ddr3_token_sim``) is the logic 
 
 The board's link byte streams (``rx``/``tx``) are the harness's: a byte a core cycle, no UART (at 2 Mbaud the
 UART's 36 core cycles a byte matter only for the load, which the back door replaces). The C++ harness
-(``harness.cpp``) runs the two clocks (periods 50 and 48 units of 1/3.6 GHz: exactly 72 and 75 MHz), queues link
-bytes, counts the DFI commands (the model's ``sim_monitor_*``) and writes the DRAM's bytes straight into the model's
-eight bank arrays (public through ``public.vlt``) at the controller's address mapping.
+(``harness.cpp``) runs the two clocks (:data:`CORE_PERIOD` and :data:`DRAM_PERIOD` units of 1 / :data:`TIME_UNIT_HZ`:
+50 and 48 units of 1/3.6 GHz, exactly 72 and 75 MHz), queues link bytes, counts the DFI commands (the model's
+``sim_monitor_*``) and writes the DRAM's bytes straight into the model's eight bank arrays (public through
+``public.vlt``) at the controller's address mapping.
 
 The host side is the real driver: :class:`Ddr3TokenDevice` is :class:`host.devices.ecp5.Ecp5Device` over
 :class:`SimPort` (pyserial's ``read``/``write``/``timeout`` on the harness; ``timeout`` seconds are simulated
@@ -39,6 +40,7 @@ import fcntl
 import hashlib
 import inspect
 import json
+import math
 import os
 import re
 import shutil
@@ -53,8 +55,9 @@ import numpy as np
 
 from host.devices.base import DeviceError
 
-__all__ = ["CORE_HZ", "DRAM_HZ", "CORE_PERIOD", "DRAM_PERIOD", "SHAPE_370M", "design_point", "sim_top", "build",
-           "Build", "Harness", "SimPort", "Ddr3TokenTransport", "Ddr3TokenDevice", "COUNTERS", "dram_word_place"]
+__all__ = ["CORE_HZ", "DRAM_HZ", "TIME_UNIT_HZ", "CORE_PERIOD", "DRAM_PERIOD", "SHAPE_370M", "design_point", "sim_top",
+           "build", "Build", "Harness", "SimPort", "Ddr3TokenTransport", "Ddr3TokenDevice", "COUNTERS",
+           "dram_word_place"]
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -67,8 +70,10 @@ BUILD_ROOT = Path(os.environ.get("MMFREE_DDR3_TOKEN_BUILD", ROOT / "build" / "dd
 #: config's ``sys_clk_freq``)
 CORE_HZ = 72_000_000
 DRAM_HZ = 75_000_000
-#: their periods in the harness's time unit (1/3.6 GHz): 72 MHz = 50 units, 75 MHz = 48 units
-CORE_PERIOD, DRAM_PERIOD = 50, 48
+#: the harness's time unit, Hz: the smallest in which both clocks have even periods (72 and 75 MHz: 3.6 GHz)
+TIME_UNIT_HZ = 2 * math.lcm(CORE_HZ, DRAM_HZ)
+#: the clocks' periods in that unit (72 MHz = 50 units, 75 MHz = 48 units of 1/3.6 GHz)
+CORE_PERIOD, DRAM_PERIOD = TIME_UNIT_HZ // CORE_HZ, TIME_UNIT_HZ // DRAM_HZ
 #: the 370M model's shape (ridger/MMfreeLM-370M config.json; as bench.bench_golden.SHAPE_370M)
 SHAPE_370M = {"vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 2816}
 #: the harness's counters ('N'), in order
