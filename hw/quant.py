@@ -216,6 +216,12 @@ class Quantizer(wiring.Component):
         thr1, thr2 = Signal(signed(64)), Signal(signed(64))     # 2**(31 + q_shift), 2**(7 + r_shift)
         nthr1, nthr2 = Signal(signed(64)), Signal(signed(64))   # their negatives
         sat1, sat2 = Signal(), Signal()
+        # the second saturation moved before its rounding add (stage 5 instead of 6): sum2 = p2 + rnd2 >= thr2
+        # <=> p2 >= thr2 - rnd2 (for p2 >= 0; a negative p2 never reaches it: sum2 <= 2**(r_shift-1) - 1), and
+        # sum2 = p2 + rnd2n < -thr2 <=> p2 < nthr2 - rnd2n (for p2 < 0 only); loaded a cycle after the command,
+        # stable long before the first word's stage 5
+        thr2p, nthr2n = Signal(signed(65)), Signal(signed(65))
+        m.d.sync += [thr2p.eq(thr2 - rnd2), nthr2n.eq(nthr2 - rnd2n)]
 
         # ---- stage 0: address the source words
         busy = Signal()          # words after the first remain to be read
@@ -291,14 +297,16 @@ class Quantizer(wiring.Component):
             neg = Signal(name=f"neg_{j}")
             m.d.sync += [p2.eq(w * r_mant), neg.eq(w[31])]
             # stage 5: p2 + 2**(r_shift-1) - [p2 < 0] (exact in int64: |p2| < 2**57, r_shift <= 63): the floor
-            # of the shift then rounds half away from zero, as hw.numerics.quantize
+            # of the shift then rounds half away from zero, as hw.numerics.quantize; beside it the saturation
+            # of the sum, compared on p2 (above)
             sum2 = Signal(signed(64), name=f"sum2_{j}")
-            m.d.sync += sum2.eq(p2 + Mux(neg, rnd2n, rnd2))
+            hi, lo = Signal(name=f"hi_{j}"), Signal(name=f"lo_{j}")
+            m.d.sync += [sum2.eq(p2 + Mux(neg, rnd2n, rnd2)),
+                         hi.eq(sat2 & ~neg & (p2 >= thr2p)), lo.eq(sat2 & neg & (p2 < nthr2n))]
             # stage 6: clamp(sum2 >> r_shift, -128, 127); lanes >= count are 0
             t2 = Signal(signed(8), name=f"t2_{j}")
             m.d.comb += t2.eq((sum2 >> r_shift)[:8])
-            m.d.comb += codes[j].eq(Mux(s6.count <= j, 0,
-                                        Mux(sat2 & (sum2 >= thr2), 127, Mux(sat2 & (sum2 < nthr2), -128, t2))))
+            m.d.comb += codes[j].eq(Mux(s6.count <= j, 0, Mux(hi, 127, Mux(lo, -128, t2))))
 
         # ---- stage 6: gather groups of ql codes into a code word; stage 7: write it
         group = Signal(range(groups))
