@@ -5,8 +5,8 @@ The simulated board (top module ``board_ddr3_sim``, ``test_board_dram.sim_top``)
 
 - :class:`hw.boards.dram_board.DRAMBoard` at the controller's 128-bit port with ``hold_port=True`` and the core of the
   DDR3 bitstream being built (:func:`ddr3_design_point`: ``hw.boards.ecp5.DDR3_BUILD``, over ``DEFAULT_PARAMS``),
-  behind :class:`hw.boards.ecp5.LinkedDramBoard` (the board's UART) at the bitstream's divisor, 6 cycles a bit
-  (72 MHz / 12 Mbaud), in the ``sync`` domain at 72 MHz;
+  behind :class:`hw.boards.ecp5.LinkedDramBoard` (the board's UART) at the bitstream's divisor (6 cycles a bit at
+  72 MHz and 12 Mbaud), in the ``sync`` domain at the build's core clock;
 - :class:`hw.boards.ecp5.Ddr3Crossings` (``NativePortCDC`` of the top's depth, ``WishboneCDC``, the
   synchronizers), wired by the top's own :func:`hw.boards.ecp5.cross_ddr3`, between it and
 - :class:`hw.dram.LiteDRAMCore` (``hold_port=True``) of the ECPIX-5 config's simulation core
@@ -14,9 +14,9 @@ The simulated board (top module ``board_ddr3_sim``, ``test_board_dram.sim_top``)
   settings at rate 1:2, ``MT41K256M16_4Gb`` timings, DFI timing checker on, the whole 512 MiB modelled) in the
   ``dram`` domain at 75 MHz (the top's ports ``dram_clk``/``dram_rst``), a clock unrelated to ``sync``.
 
-The clocks are the bitstream's: :class:`hw.boards.ecp5.Ddr3Ecp5Top` computes the core's PLL (100 MHz x 18 / 25 /
-11 = 72 MHz exactly) and the controller's clock from the config (75 MHz); the simulation runs them at the nearest
-even picoseconds (13,888 and 13,334 ps).
+The clocks are the bitstream's: :class:`hw.boards.ecp5.Ddr3Ecp5Top` computes the core's PLL (72 MHz: 100 MHz x 18 /
+25 / 11 exactly) and the controller's clock from the config (75 MHz); the simulation runs them at the nearest even
+picoseconds (13,888 and 13,334 ps at 72 and 75 MHz).
 
 Every case starts as the board does after configuration: the port held (a token refused ``NOT_READY``), then
 enabled by the host's ``BoardReg.PORT_ENABLE`` write, the last step of the driver's leveling
@@ -138,7 +138,8 @@ def test_shipped_model(built, tmp_path):
             },
             "cycles_per_token_dram": bench["dram_cycles_per_token"],
             "cycles_to_status_dram": bench["dram_cycles_to_status"],
-            "cycles_definition": "cycles_*: the core's clock (sync, 72 MHz); *_dram: the controller's (75 MHz)",
+            "cycles_definition": f"cycles_*: the core's clock (sync, {point['clock_hz'] / 1e6:g} MHz); *_dram: the "
+                                 f"controller's ({point['dram_clock_hz'] / 1e6:g} MHz)",
             "port_open": r["port_open"],
             "bound": _bound(r, bench, point),
             "cdc_depth": point["cdc_depth"],
@@ -208,10 +209,14 @@ def _bound(r: dict, bench: dict, point: dict) -> dict:
 
 
 def test_the_design_point_is_the_bitstreams():
-    """The simulated clocks and divisor are the DDR3 top's: 72 MHz from the PLL exactly, 12 Mbaud at 6 cycles a
-    bit, the controller at the config's 75 MHz, and the periods within 0.01 % of them."""
-    p = ddr3_design_point()
-    assert p["clock_hz"] == 72e6 and p["divisor"] == 6 and p["baud"] == 12_000_000
+    """The simulated clocks and divisor are the DDR3 build's (:data:`hw.boards.ecp5.DDR3_BUILD`): its core clock
+    from the PLL exactly, its baud rate at a whole number of cycles a bit, the controller at the config's 75 MHz, and
+    the periods within 0.01 % of them."""
+    from hw.boards import ecp5
+
+    p, point = ddr3_design_point(), ecp5.DDR3_BUILD
+    assert p["clock_hz"] == point["freq_mhz"] * 1e6 and p["baud"] == point["baud"]
+    assert p["divisor"] * p["baud"] == p["clock_hz"]
     assert p["dram_clock_hz"] == 75e6
     for hz, ps in ((p["clock_hz"], p["clock_ps"]), (p["dram_clock_hz"], p["dram_clock_ps"])):
         assert abs(1e12 / ps - hz) < 1e-4 * hz and ps % 2 == 0
