@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     params = dt.design_point()
     report["settings"] = {"build": params.as_dict(), "w0_fifo_depth": dt.as_built_w0_fifo_depth(),
                           "core_hz": dt.CORE_HZ, "dram_hz": dt.DRAM_HZ,
-                          "clock_periods_units_of_1_3600_us": [dt.CORE_PERIOD, dt.DRAM_PERIOD],
+                          "time_unit_hz": dt.TIME_UNIT_HZ, "clock_periods_units": [dt.CORE_PERIOD, dt.DRAM_PERIOD],
                           "link": "DRAMBoard rx/tx byte streams, one byte a core cycle (no UART)",
                           "dram_load": "back door into the DDR3 model's bank arrays (host.devices.ecp5.dram_contents)",
                           "dram": dram.settings_record(dram.sim_settings(dram.ECPIX5_CONFIG)),

@@ -264,7 +264,7 @@ def test_sweep_lists_an_unreadable_report_instead_of_failing(tmp_path, monkeypat
     good, bad = root / "build/boards/ecpix5-85f/l16_f50_s1", root / "build/boards/ecpix5-85f/l32_f50_s1"
     good.mkdir(parents=True)
     bad.mkdir(parents=True)
-    (good / "report.json").write_text(json.dumps({"lanes": 16, "target_mhz": 50.0, "status": "built",
+    (good / "report.json").write_text(json.dumps({"lanes": 16, "target_mhz": 50.0, "status": "built", "top": "dram",
                                                   "timing_met": True, "fmax_mhz": 52.0}))
     (bad / "report.json").write_text('{"lanes": 32, ')          # a build killed while writing
     monkeypatch.setattr(ecp5, "REPO_ROOT", root)
@@ -275,7 +275,8 @@ def test_sweep_lists_an_unreadable_report_instead_of_failing(tmp_path, monkeypat
 
 
 def test_sweep_chooses_among_builds_of_the_boards_default_top(tmp_path, monkeypatch):
-    """The ULX3S builds the DRAM top by default: a faster stream build is listed but not chosen."""
+    """Both boards build their DRAM top by default (the ECPIX-5's DDR3 top since its bitstream closed): a faster
+    stream build is listed but not chosen."""
     root = tmp_path / "repo"
     for tag, top, fmax in (("l16_f50_s1", "stream", 60.0), ("dram_l16_f50_s1", "dram", 52.0),
                            ("dram_l16_f50_s2", "dram", 51.0)):
@@ -284,7 +285,7 @@ def test_sweep_chooses_among_builds_of_the_boards_default_top(tmp_path, monkeypa
         rep = {"lanes": 16, "target_mhz": 50.0, "status": "built", "timing_met": True, "fmax_mhz": fmax}
         (d / "report.json").write_text(json.dumps({**rep, "top": top} if top == "dram" else rep))
     monkeypatch.setattr(ecp5, "REPO_ROOT", root)
-    assert ecp5.CHOSEN["ulx3s-85f"]["dram"] and not ecp5.CHOSEN["ecpix5-85f"]["dram"]
+    assert ecp5.CHOSEN["ulx3s-85f"]["dram"] and ecp5.CHOSEN["ecpix5-85f"]["dram"]
     res = ecp5.collect_sweep("ulx3s-85f", tmp_path / "out")
     assert res["chosen"] == "dram_l16_f50_s1" and "dram top" in res["rule"]
     assert {r["config"]: r["top"] for r in res["builds"]}["l16_f50_s1"] == "stream"
@@ -395,17 +396,25 @@ def test_dispatcher_reports_a_dram_request_on_a_board_without_dram(capsys, monke
     assert "no LiteDRAM config" in capsys.readouterr().err
 
 
-def test_dispatcher_builds_the_ddr3_top_on_request_only(monkeypatch):
-    """The ECPIX-5's stream top stays its default until a DDR3 bitstream is committed; ``--dram`` builds the DDR3
-    top at the board's design point (32 lanes, 100 MHz: the core's own clock, not the controller's 75)."""
+def test_dispatcher_builds_the_ddr3_top_by_default(monkeypatch):
+    """The ECPIX-5 builds its DDR3 top by default, at the committed DDR3 build's design point
+    (``hw.boards.ecp5.DDR3_BUILD``: the core's own clock, not the controller's 75 MHz; the static placer and
+    router2); ``--no-dram`` builds the stream top."""
     seen = []
     monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append((board, kw)) or 0)
-    assert ecp5.CHOSEN["ecpix5-85f"]["dram"] is False and ecp5.CHOSEN["ulx3s-85f"]["dram"] is True
-    assert dispatcher.main(["ecpix5-85f"]) == 0 and seen[-1][1]["dram"] is False
-    assert dispatcher.main(["ecpix5-85f", "--dram"]) == 0
+    assert ecp5.CHOSEN["ecpix5-85f"]["dram"] is True and ecp5.CHOSEN["ulx3s-85f"]["dram"] is True
+    assert dispatcher.main(["ecpix5-85f"]) == 0
     kw = seen[-1][1]
     assert kw["dram"] is True and "sdram_phase_deg" not in kw
-    assert (kw["freq_mhz"], kw["lanes"], kw["baud"]) == (100.0, 32, 2_000_000)
+    point = ecp5.DDR3_BUILD
+    assert (kw["freq_mhz"], kw["lanes"], kw["quant_lanes"], kw["baud"]) == (
+        point["freq_mhz"], point["lanes"], point["quant_lanes"], point["baud"])
+    assert (kw["placer"], kw["router"]) == ("static", "router2")
+    rep = json.loads((ROOT / "bitstreams" / "ecpix5-85f" / "report.json").read_text())
+    assert (rep["target_mhz"], rep["lanes"], rep["params"]["quant_lanes"], rep["baud"], rep["placer"],
+            rep["router"], rep["seed"]) == (kw["freq_mhz"], kw["lanes"], kw["quant_lanes"], kw["baud"], kw["placer"],
+                                           kw["router"], kw["seed"])      # make bitstream repeats the committed build
+    assert dispatcher.main(["ecpix5-85f", "--no-dram"]) == 0 and seen[-1][1]["dram"] is False
 
 
 def test_clock_roles_of_the_ddr3_top():

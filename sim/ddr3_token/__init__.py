@@ -68,7 +68,7 @@ BUILD_ROOT = Path(os.environ.get("MMFREE_DDR3_TOKEN_BUILD", ROOT / "build" / "dd
 
 #: the core's clock (``sync``, ``hw.boards.ecp5.DDR3_BUILD``'s), Hz, and the controller's (``dram``, the ECPIX-5
 #: config's ``sys_clk_freq``)
-CORE_HZ = 72_000_000
+CORE_HZ = 68_000_000
 DRAM_HZ = 75_000_000
 #: the harness's time unit, Hz: the smallest in which both clocks have even periods (72 and 75 MHz: 3.6 GHz)
 TIME_UNIT_HZ = 2 * math.lcm(CORE_HZ, DRAM_HZ)
