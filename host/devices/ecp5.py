@@ -3,8 +3,8 @@ protocol (:mod:`hw.boards.link_protocol`, pure Python: this module imports witho
 
 Two kinds of bitstream answer on the port, told apart on connect by a board-register read (``'G'``):
 
-* **DRAM boards** (link version 2 or 3, :mod:`hw.boards.dram_board`; the ULX3S's
-  ``bitstreams/ulx3s-85f/ulx3s-85f.bit`` speaks version 3): the model image and the embedding table live in the board's
+* **DRAM boards** (link version 2 or 3, :mod:`hw.boards.dram_board`; the committed ULX3S and ECPIX-5 bitstreams,
+  ``bitstreams/<board>/<board>.bit``, speak version 3): the model image and the embedding table live in the board's
   DRAM, **loaded once** (:meth:`Ecp5Transport.load_model`: block CRCs compared, only differing blocks written,
   so a load interrupted by a dropped link restarts where it stopped; a reconnect finds the board's
   ``IMAGE_CHECKSUM`` naming the bundle and skips the load). Per token the link carries a ``'T'`` command
@@ -14,8 +14,8 @@ Two kinds of bitstream answer on the port, told apart on connect by a board-regi
   Version 3 adds the DRAM controller's control bus (``'K'``/``'J'``: :meth:`UartLink.ctrl_read`,
   :class:`ControlBus`) and the port enable, for the host's read leveling of a DDR3 board
   (:meth:`Ecp5Transport.level`, :mod:`host.leveling`; **not run on hardware**).
-* **Stream-only boards** (link version 1: the first ECP5 builds; the ECPIX-5's
-  ``bitstreams/ecpix5-85f/ecpix5-85f.bit`` until it has a DRAM build): they answer ``'?'`` to ``'G'``. Per token the
+* **Stream-only boards** (link version 1: the first ECP5 builds, and ``python -m hw.boards BOARD --no-dram``): they
+  answer ``'?'`` to ``'G'``. Per token the
   host sends the token packet (the golden device's, byte for byte) and then the whole model image through ``'S'``,
   10 line bits per byte: for the shipped model (1.95 MB image) at 2 Mbaud about 9.8 s per token (0.10 tokens/s).
 
