@@ -994,7 +994,8 @@ PLACERS = ("heap", "static")
 #: Yosys's LUT mappers (``--lut-mapper``): ``abc9`` (``synth_ecp5``'s own) and ``abc`` (the older ``abc -lut 4:7
 #: -dress`` in its place, between ``synth_ecp5``'s ``map_luts`` and ``map_cells`` steps). ``abc`` exists because Yosys
 #: 0.70's abc9 asserts on some netlists of this design (``ABC_OPS_REINTEGRATE``: ``GetSize(conn.first) ==
-#: GetSize(conn.second)``, rtlil.cc:3091; the DDR3 top with one quantize lane, docs/DDR3.md)
+#: GetSize(conn.second)``, rtlil.cc:3091): an earlier form of the token engine's STATUS read, and a one-quantize-lane
+#: core whose buffers lacked their wide read port (fixed in f6896ac; docs/DDR3.md). The committed builds use abc9
 LUT_MAPPERS = ("abc9", "abc")
 #: the Yosys commands that replace ``synth_ecp5``'s ``map_luts`` step with the ``abc`` mapper (its latch map first,
 #: as ``map_luts`` does)
