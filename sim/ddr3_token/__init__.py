@@ -18,7 +18,7 @@ What is simulated (:func:`sim_top`, top module ``ddr3_token_sim``) is the logic 
 The board's link byte streams (``rx``/``tx``) are the harness's: a byte a core cycle, no UART (at 2 Mbaud the
 UART's 36 core cycles a byte matter only for the load, which the back door replaces). The C++ harness
 (``harness.cpp``) runs the two clocks (:data:`CORE_PERIOD` and :data:`DRAM_PERIOD` units of 1 / :data:`TIME_UNIT_HZ`:
-50 and 48 units of 1/3.6 GHz, exactly 72 and 75 MHz), queues link bytes, counts the DFI commands (the model's
+150 and 136 units of 1/10.2 GHz, exactly 68 and 75 MHz), queues link bytes, counts the DFI commands (the model's
 ``sim_monitor_*``) and writes the DRAM's bytes straight into the model's eight bank arrays (public through
 ``public.vlt``) at the controller's address mapping.
 
@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from host.devices.base import DeviceError
+from hw.boards.facts import BOARDS as BOARD_FACTS
 
 __all__ = ["CORE_HZ", "DRAM_HZ", "TIME_UNIT_HZ", "CORE_PERIOD", "DRAM_PERIOD", "SHAPE_370M", "design_point", "sim_top",
            "build", "Build", "Harness", "SimPort", "Ddr3TokenTransport", "Ddr3TokenDevice", "COUNTERS",
@@ -66,13 +67,13 @@ PUBLIC_VLT = HERE / "public.vlt"
 TOP = "ddr3_token_sim"
 BUILD_ROOT = Path(os.environ.get("MMFREE_DDR3_TOKEN_BUILD", ROOT / "build" / "ddr3_token"))
 
-#: the core's clock (``sync``, ``hw.boards.ecp5.DDR3_BUILD``'s), Hz, and the controller's (``dram``, the ECPIX-5
-#: config's ``sys_clk_freq``)
-CORE_HZ = 68_000_000
+#: the core's clock (``sync``: the ECPIX-5's design point, ``hw.boards.facts``, which ``hw.boards.ecp5.DDR3_BUILD``
+#: reads too), Hz, and the controller's (``dram``, the ECPIX-5 config's ``sys_clk_freq``)
+CORE_HZ = round(BOARD_FACTS["ecpix5-85f"].design.fmax_mhz * 1e6)
 DRAM_HZ = 75_000_000
-#: the harness's time unit, Hz: the smallest in which both clocks have even periods (72 and 75 MHz: 3.6 GHz)
+#: the harness's time unit, Hz: the smallest in which both clocks have even periods (68 and 75 MHz: 10.2 GHz)
 TIME_UNIT_HZ = 2 * math.lcm(CORE_HZ, DRAM_HZ)
-#: the clocks' periods in that unit (72 MHz = 50 units, 75 MHz = 48 units of 1/3.6 GHz)
+#: the clocks' periods in that unit (68 MHz = 150 units, 75 MHz = 136 units of 1/10.2 GHz)
 CORE_PERIOD, DRAM_PERIOD = TIME_UNIT_HZ // CORE_HZ, TIME_UNIT_HZ // DRAM_HZ
 #: the 370M model's shape (ridger/MMfreeLM-370M config.json; as bench.bench_golden.SHAPE_370M)
 SHAPE_370M = {"vocab_size": 32000, "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 2816}
