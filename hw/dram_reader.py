@@ -15,6 +15,11 @@ A read that never returns does not hang the reader: after ``timeout`` cycles of 
 (reads outstanding or a command offered, and neither a command accepted nor a word returned) it stops with
 ``error`` set.
 
+Another user of the port (the DRAM board's state engine, :class:`hw.boards.dram_board.DRAMBoard`) takes it
+from the reader with ``hold``: while ``hold`` is high the reader offers no command (the request goes on
+where it stopped when ``hold`` falls), and once ``in_flight`` is low every word it asked for is in, so that
+the port's read data belongs to the other user until ``hold`` falls.
+
 An ``abort`` (the DRAM board's ``'X'``) ends the request at once, but the words of reads already taken by the
 controller still come afterwards (the native port returns every read, in command order). The count of
 outstanding reads therefore survives the abort: the reader drops exactly that many returning words, and
@@ -129,6 +134,16 @@ class DRAMImageReader(wiring.Component):
         not answered stay counted: their words, whenever they come, are dropped, and ``req`` is refused
         until the last of them is in (or ``timeout`` cycles pass without one: they are taken as lost).
         The domain's own reset clears that count as well (the controller is reset with it).
+    hold : In(1)
+        While high: no read command is offered (``port.cmd.valid`` low; one offered and not yet taken is
+        withdrawn), and the time-out counts only while reads are outstanding; reads the controller has
+        already taken still return into the word FIFO, and are still timed. ``req``, ``o`` and ``abort`` work
+        as usual; the request goes on where it stopped when ``hold`` falls.
+    in_flight : Out(1)
+        Reads taken by the controller and not yet answered (nor given up after an ``abort``). Low with
+        ``hold`` high: the reader expects no ``rdata`` until ``hold`` falls, and the port may serve another
+        user; ``rdata.valid`` must then stay low at the reader (a word that reached a request in progress
+        would enter its FIFO as its own).
 
     Raises
     ------
@@ -150,6 +165,8 @@ class DRAMImageReader(wiring.Component):
             "busy": Out(1),
             "error": Out(1),
             "abort": In(1),
+            "hold": In(1),
+            "in_flight": Out(1),
         })
 
     @property
@@ -185,6 +202,7 @@ class DRAMImageReader(wiring.Component):
             m.d.sync += outstanding.eq(0)
         with m.Else():
             m.d.sync += outstanding.eq(outstanding + issued - returned)
+        m.d.comb += self.in_flight.eq(outstanding != 0)
         return m
 
     def _elaborate_narrow(self, m: Module, outstanding: Signal) -> Signal:
@@ -245,13 +263,13 @@ class DRAMImageReader(wiring.Component):
 
     def _issue_reads(self, m: Module, fifo, *, busy, stopped, to_issue, credits, addr) -> tuple:
         """The read path both widths share: one read command per port word while a FIFO reservation is free
-        (``credits``), the returned words of the request into ``fifo`` (room reserved at issue, so ``w_rdy``
-        always holds; a word that comes while no request is in progress belongs to an aborted one and is
-        dropped), and the reservation count. Returns ``(issued, popped)``: a command taken, a word taken from
-        ``fifo``, this cycle."""
-        # commands: one read per word while a reservation is free
+        (``credits``) and ``hold`` is low, the returned words of the request into ``fifo`` (room reserved at
+        issue, so ``w_rdy`` always holds; a word that comes while no request is in progress belongs to an
+        aborted one and is dropped), and the reservation count. Returns ``(issued, popped)``: a command taken, a
+        word taken from ``fifo``, this cycle."""
+        # commands: one read per word while a reservation is free and the port is not held
         cmd = self.port.cmd
-        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0) & ~self.abort),
+        m.d.comb += [cmd.valid.eq(busy & ~stopped & (to_issue != 0) & (credits != 0) & ~self.abort & ~self.hold),
                      cmd.payload.we.eq(0), cmd.payload.addr.eq(addr)]
         issued = cmd.valid & cmd.ready
         with m.If(issued):
@@ -267,9 +285,10 @@ class DRAMImageReader(wiring.Component):
 
     def _time_out(self, m: Module, *, busy, stopped, outstanding, issued) -> Signal:
         """The time-out both widths share: ``timeout`` cycles of waiting on the controller (reads outstanding
-        or a command offered) with neither a command taken nor a word returned. During a request it sets
-        ``stopped``; with no request in progress (the reads of an aborted request, which never came) the
-        returned ``gave_up`` is high for a cycle, and the caller clears the outstanding count."""
+        or a command offered; a command held back by ``hold`` is not offered) with neither a command taken nor
+        a word returned. During a request it sets ``stopped``; with no request in progress (the reads of an
+        aborted request, which never came) the returned ``gave_up`` is high for a cycle, and the caller clears
+        the outstanding count."""
         cmd, rdata = self.port.cmd, self.port.rdata
         wait = Signal(range(self._timeout + 1))
         gave_up = Signal()

@@ -427,6 +427,101 @@ def test_abort_with_reads_that_never_return(port_width):
     assert 60 <= st["wait"] <= 70, f"the next request accepted {st['wait']} cycles after the abort"
 
 
+def run_hold(dut, model, request, holds, *, out_stall=0.0, seed=0, max_cycles=6000) -> dict:
+    """Run ``request`` ((base, length)) to its last beat or to ``error``, raising ``hold`` for ``cycles``
+    cycles once ``after`` of its beats were taken, for each ``(after, cycles)`` of ``holds``. Checks, while
+    ``hold`` is high, that no command is offered and that once ``in_flight`` is low no read word comes.
+    Returns ``beats`` ((data, last) each), ``error`` (and ``error_at``: cycles into the hold it was seen),
+    ``quiet_after`` (per hold: cycles from its rise until ``in_flight`` was low, None if never) and
+    ``outstanding_at_hold`` (per hold: the model's unanswered reads as it rose)."""
+    rng = np.random.default_rng(seed)
+    layout = beat_layout(dut.o.payload.shape().size - 1)
+    st = {"beats": [], "error": False, "error_at": None, "quiet_after": [], "outstanding_at_hold": []}
+    n = request[1] // 8
+
+    async def tb(ctx):
+        ctx.set(dut.req.payload, {"base": request[0], "length": request[1]})
+        ctx.set(dut.req.valid, 1)
+        await ctx.tick().until(dut.req.ready)
+        ctx.set(dut.req.valid, 0)
+        pending = list(holds)
+        left, into, prev = 0, 0, None       # cycles of the current hold left, cycles into it
+        for _ in range(max_cycles):
+            if len(st["beats"]) == n:
+                break
+            if not left and pending and len(st["beats"]) >= pending[0][0]:
+                left, into = pending.pop(0)[1], 0
+                st["outstanding_at_hold"].append(model.reads - model.returned)
+                st["quiet_after"].append(None)
+            ctx.set(dut.hold, left > 0)
+            ready = rng.random() >= out_stall
+            ctx.set(dut.o.ready, ready)
+            _, _, valid, bits, err, cmd_valid, in_flight, rvalid = await ctx.tick().sample(
+                dut.o.valid, dut.o.payload.as_value(), dut.error, dut.port.cmd.valid, dut.in_flight,
+                dut.port.rdata.valid)
+            if left:
+                assert not cmd_valid, "a read command offered while held"
+                if st["quiet_after"][-1] is not None:
+                    assert not rvalid, "a read word after in_flight fell, while held"
+                elif not in_flight:
+                    st["quiet_after"][-1] = into
+            if err:
+                st["error"], st["error_at"] = True, into if left else None
+                return
+            if prev is not None:
+                assert valid and bits == prev, "o: valid dropped or payload changed before the transfer"
+            prev = bits if valid and not ready else None
+            if valid and ready:
+                c = data.Const(layout, bits)
+                st["beats"].append((int(c.data), bool(c.last)))
+            if left:
+                left, into = left - 1, into + 1
+        else:
+            raise AssertionError(f"{len(st['beats'])} of {n} beats in {max_cycles} cycles")
+        ctx.set(dut.hold, 0)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(model.process, background=True)
+    sim.add_testbench(tb)
+    sim.run()
+    return st
+
+
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+@pytest.mark.parametrize("out_stall", [0.0, 0.5])
+def test_hold_pauses_the_reads_and_the_request_goes_on(port_width, out_stall):
+    """``hold`` three times during a long read, each longer than the time-out: no command is offered while
+    held, the reads already taken come in (``in_flight`` falls within their latency, and after that no word
+    comes), no ``error``; after each hold the request goes on, and its beats are exactly its bytes, read once
+    each."""
+    mem = random_mem()
+    dut = reader(port_width, depth=16, timeout=60)
+    model = NativePortModel(dut.port, mem, np.random.default_rng(12), cmd_stall=0.2, latency=(5, 20))
+    request = (0x208, 800)
+    st = run_hold(dut, model, request, [(3, 150), (40, 100), (80, 61)], out_stall=out_stall, seed=13)
+    assert not st["error"], "a time-out while held with nothing outstanding"
+    assert max(st["outstanding_at_hold"]) > 0, "no read in flight as a hold rose: the test proves nothing"
+    assert all(q is not None and q <= 20 + 2 for q in st["quiet_after"]), st["quiet_after"]
+    want = expected_beats(mem, *request, 8, dut.base_align)
+    assert [d for d, _ in st["beats"]] == want
+    assert [last for _, last in st["beats"]] == [i == len(want) - 1 for i in range(len(want))]
+    assert model.reads == reads_for(dut, *request)
+
+
+@pytest.mark.parametrize("port_width", PORT_WIDTHS)
+def test_hold_still_times_the_reads_outstanding(port_width):
+    """Reads taken before ``hold`` rose that never return: ``in_flight`` stays high and the reader still
+    stops with ``error`` after ``timeout`` cycles, while held."""
+    mem = random_mem()
+    dut = reader(port_width, depth=16, timeout=60)
+    model = NativePortModel(dut.port, mem, np.random.default_rng(14), lose_after=6 if port_width == 16 else 2)
+    st = run_hold(dut, model, (0, 512), [(1, 1000)])
+    assert st["outstanding_at_hold"][0] > 0
+    assert st["error"] and st["error_at"] is not None and 60 <= st["error_at"] <= 60 + 10 + 5, st["error_at"]
+    assert st["quiet_after"] == [None]
+
+
 @pytest.mark.parametrize("kw, exc", [({"addr_width": 0}, ValueError), ({"addr_width": 8, "port_width": 12}, ValueError),
                                      ({"addr_width": 8, "beat_width": 48}, ValueError),
                                      ({"addr_width": 8, "port_width": 96}, ValueError),
