@@ -45,7 +45,7 @@ __all__ = ["BuildParams", "GATEWARE_FIELDS", "SCHEDULE_OPTIONS", "DEVICE_FIELDS"
 #: The fields that change the Verilog (:meth:`BuildParams.gateware`), in the export's order.
 GATEWARE_FIELDS = ("lanes", "channels", "bus_bits", "quant_lanes", "packing", "max_hidden", "max_intermediate",
                    "max_layers", "lut_segments_log2", "weight_fifo_beats", "epilogue_folded", "token_tlast",
-                   "image_tlast")
+                   "image_tlast", "state_in_dram")
 #: The cycle model's proposed schedule options (all False: the schedule of hw/top.py as built).
 SCHEDULE_OPTIONS = ("overlap_headers", "stripe_consts", "overlap_prologue", "stream_prologue")
 #: The fields the golden, RTL and board devices take as keyword arguments (:meth:`BuildParams.device_kwargs`).
@@ -53,7 +53,7 @@ DEVICE_FIELDS = ("lanes", "channels", "bus_bits", "quant_lanes", "fmax_mhz", "ep
 
 _INTS = ("lanes", "channels", "bus_bits", "quant_lanes", "max_hidden", "max_intermediate", "max_layers",
          "lut_segments_log2")
-_BOOLS = ("epilogue_folded", "token_tlast", "image_tlast", *SCHEDULE_OPTIONS)
+_BOOLS = ("epilogue_folded", "token_tlast", "image_tlast", "state_in_dram", *SCHEDULE_OPTIONS)
 
 
 def _packing(v: Any) -> TritPacking:
@@ -103,6 +103,12 @@ class BuildParams:
     token_tlast, image_tlast : bool
         The token packet's last beat, the image's last beat carry ``tlast`` (default both; the Xilinx shells
         clear them where their data movers do not mark those ends, :mod:`hw.boards.xilinx_shell`).
+    state_in_dram : bool
+        The recurrent state in board DRAM (default False): the core keeps one layer's ``STATE_OLD`` and
+        ``STATE_NEW`` rows (:class:`hw.state_cache.StateCache`) and moves rows through its ``state_cmd``,
+        ``m_axis_state`` and ``s_axis_state`` ports, which a DRAM board serves
+        (:class:`hw.boards.dram_board.DRAMBoard`); for capacities whose two on-chip banks would not fit the
+        block RAM (the 370M shape on the ECPIX-5, docs/DDR3.md).
     fmax_mhz : float
         The clock the build targets, MHz (time, roofline and tokens/s figures; not a gateware parameter).
     overlap_headers : bool
@@ -146,6 +152,7 @@ class BuildParams:
     epilogue_folded: bool = False
     token_tlast: bool = True
     image_tlast: bool = True
+    state_in_dram: bool = False
     fmax_mhz: float = 100.0
     overlap_headers: bool = False
     stripe_consts: bool = False

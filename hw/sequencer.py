@@ -73,6 +73,8 @@ class Sequencer(wiring.Component):
     lut_segments_log2 : int
     token_tlast : bool
         The token packet's size is checked by ``tlast`` (``TOKEN_LENGTH``), else by its ``length`` alone.
+    state_in_dram : bool
+        The state cache's handshake (``state_*`` below; default False: no such logic).
     tok_write : memory.WritePort.Signature
         The token buffer's write port (its address width comes from the buffer).
 
@@ -99,6 +101,10 @@ class Sequencer(wiring.Component):
         The quantize prologue's source.
     layer : Out(8); state_bank : Out(1); state_valid : Out(1)
         The executing instruction's layer; the bank holding the committed state; 0 while it reads as zero.
+    state_need, state_busy : In(1); state_start, state_flush : Out(1)
+        With ``state_in_dram`` (:class:`hw.state_cache.StateCache`'s ``need``, ``busy``, ``start``,
+        ``flush``): the next instruction waits at its dispatch while the cache swaps rows (STATE_SWAP); the
+        commit and an error flush the cache. Unused otherwise.
     soft_rst : Out(1)
         Error recovery: resets the datapath, drains the inputs.
     irq : Out(1)
@@ -113,7 +119,9 @@ class Sequencer(wiring.Component):
     QUANT_CMD_CYCLES = 1
 
     def __init__(self, *, channels: int, packing: TritPacking, max_hidden: int, max_intermediate: int,
-                 max_layers: int, lut_segments_log2: int, token_tlast: bool, tok_write: memory.WritePort.Signature):
+                 max_layers: int, lut_segments_log2: int, token_tlast: bool, tok_write: memory.WritePort.Signature,
+                 state_in_dram: bool = False):
+        self._state_in_dram = state_in_dram
         self._channels, self._packing = channels, TritPacking(packing)
         self._max_hidden, self._max_intermediate, self._max_layers = max_hidden, max_intermediate, max_layers
         self._lut_segments_log2, self._token_tlast = lut_segments_log2, token_tlast
@@ -131,6 +139,7 @@ class Sequencer(wiring.Component):
             "epi_start": Out(1), "epi_done": In(1), "epi_cfg": Out(EpilogueConfig),
             "epi_regs": In(data.ArrayLayout(unsigned(64), 8)),
             "src": Out(Buffer), "layer": Out(8), "state_bank": Out(1), "state_valid": Out(1),
+            "state_need": In(1), "state_busy": In(1), "state_start": Out(1), "state_flush": Out(1),
             "soft_rst": Out(1), "irq": Out(1),
         })
 
@@ -360,6 +369,10 @@ class _SequencerState:
                 m.d.sync += [q.host.error_cause.eq(f.err_cause),
                              q.host.error_where.eq(Mux(f.err_now, self.instr_idx, f.idx)), q.host.error.eq(1)]
                 m.next = "ERROR"
+            if q._state_in_dram:
+                with m.Elif(f.ready & (q.state_need | q.state_busy)):   # its layer's state rows first
+                    m.d.comb += q.state_start.eq(q.state_need)
+                    m.next = "STATE_SWAP"
             with m.Elif(f.ready):
                 m.d.comb += [f.dispatch.eq(1), q.wcrc_clear[0].eq(1)]   # its channel-0 block streams from now
                 m.d.sync += [self.xhr.eq(ih), self.instr_idx.eq(f.idx), q.src.eq(ih.src), q.layer.eq(ih.layer),
@@ -368,6 +381,13 @@ class _SequencerState:
                     m.next = "END"
                 with m.Else():
                     m.next = "EXEC"
+
+        if q._state_in_dram:
+            with state("STATE_SWAP"):
+                # the state cache writes a row back and fills the next layer's
+                m.d.comb += self.busy.eq(1)
+                with m.If(~q.state_busy):
+                    m.next = "DISPATCH"
 
     # ------------------------------------------------------------------ an instruction
     def exec_states(self, state):
@@ -465,10 +485,14 @@ class _SequencerState:
                 m.next = "COMMIT"
         with state("COMMIT", guarded=False):
             m.d.comb += [self.instr_done.eq(1), q.events.tokens.eq(1)]     # END_TOKEN completes with the commit
+            if q._state_in_dram:
+                m.d.comb += q.state_flush.eq(1)
             m.d.sync += [q.state_bank.eq(~q.state_bank), q.state_valid.eq(1), h.done.eq(1), self.cnt.eq(0)]
             m.next = "TOKEN"
         with state("ERROR", guarded=False):
             m.d.comb += [q.reader.drain.eq(1), q.feed.kill.eq(1), q.framer.close.eq(1)]
+            if q._state_in_dram:
+                m.d.comb += q.state_flush.eq(1)
             m.d.sync += self.cnt.eq(0)
             with m.If(h.clear):
                 m.d.sync += self.clear_pending.eq(1)

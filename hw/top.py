@@ -17,7 +17,7 @@ image (``tlast`` on its last beat); channel ``c > 0`` carries its weight blocks 
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed
-from amaranth.lib import memory, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.utils import ceil_log2
 
@@ -43,6 +43,7 @@ from hw.quant import Quantizer
 from hw.regs import AXI4LiteSignature, RegisterBlock
 from hw.scalar import ScalarUnit
 from hw.sequencer import EpilogueFeed, Sequencer
+from hw.state_cache import STATE_BEAT_BITS, StateCache, StateCmd, touches_state
 from hw.streams import AXIStreamReceiver, AXIStreamSender, AXIStreamSignature, code_word_layout
 from hw.vbuf import VectorBuffer
 
@@ -85,6 +86,10 @@ class Accelerator(wiring.Component):
     s_axil : AXI4LiteSignature
     irq : Out(1)
         Token done or error (level, until the next token starts or ``CTRL.clear``).
+    state_cmd : Out(stream.Signature(hw.state_cache.StateCmd)); m_axis_state : Out(AXIStreamSignature(64));
+    s_axis_state : In(AXIStreamSignature(64))
+        Only with ``state_in_dram``: the recurrent state's row transfers to and from board DRAM
+        (:class:`hw.state_cache.StateCache`, served by :class:`hw.boards.dram_board.DRAMBoard`).
     """
 
     def __init__(self, build: BuildParams | None = None, **kw):
@@ -111,6 +116,11 @@ class Accelerator(wiring.Component):
         members["m_axis_out"] = Out(AXIStreamSignature(32))
         members["s_axil"] = Out(AXI4LiteSignature(addr_width=8))
         members["irq"] = Out(1)
+        self.state_in_dram = build.state_in_dram
+        if build.state_in_dram:
+            members["state_cmd"] = Out(stream.Signature(StateCmd))
+            members["m_axis_state"] = Out(AXIStreamSignature(STATE_BEAT_BITS))
+            members["s_axis_state"] = In(AXIStreamSignature(STATE_BEAT_BITS))
         super().__init__(members)
 
     def id_values(self) -> dict:
@@ -144,7 +154,7 @@ class Accelerator(wiring.Component):
         m.submodules.sequencer = seq = Sequencer(
             channels=C, packing=self.packing, max_hidden=self.max_hidden, max_intermediate=self.max_intermediate,
             max_layers=self.max_layers, lut_segments_log2=self.lut_segments_log2, token_tlast=self.token_tlast,
-            tok_write=buf["token"].wr.signature)
+            tok_write=buf["token"].wr.signature, state_in_dram=self.state_in_dram)
         m.submodules.counters = counters = Counters(channels=C, lanes=lpc)
         connect(m, rx[0], reader.i)
         connect(m, seq.reader, reader.seq)
@@ -200,7 +210,7 @@ class Accelerator(wiring.Component):
         """The vector buffers (X, A, P: the epilogue an element a cycle, the quantizer ``quant_lanes``), QC, the
         constant banks (beat-wide writes; two banks each, the executing instruction's and the next one's being
         prefetched, a whole number of 64-byte sections each), the token's vector, and the recurrent state (two
-        banks)."""
+        banks; with ``state_in_dram`` one layer's rows, :class:`hw.state_cache.StateCache`)."""
         W, Q = self.bus_bits // 32, self.quant_lanes
         vmax = max(self.max_hidden, self.max_intermediate)
         buf = {"x": VectorBuffer(depth=self.max_hidden, banks=Q, read_group=Q),
@@ -215,8 +225,11 @@ class Accelerator(wiring.Component):
             m.submodules[f"buf_c{j}"] = b = VectorBuffer(depth=2 * cdepth, banks=W, write_group=W)
             buf["c"].append(b)
         m.submodules.buf_token = buf["token"] = VectorBuffer(depth=self.max_hidden, banks=1)
-        m.submodules.state = buf["state"] = memory.Memory(
-            shape=INT32, depth=2 * _pow2(self.max_layers) * _pow2(self.max_hidden), init=[])
+        if self.state_in_dram:
+            m.submodules.state = buf["state"] = StateCache(max_hidden=self.max_hidden, max_layers=self.max_layers)
+        else:
+            m.submodules.state = buf["state"] = memory.Memory(
+                shape=INT32, depth=2 * _pow2(self.max_layers) * _pow2(self.max_hidden), init=[])
         return buf
 
     def _datapath(self, m, soft_rst) -> dict:
@@ -295,25 +308,45 @@ class Accelerator(wiring.Component):
         cdepth = const_bank_depth(self.max_hidden, self.max_intermediate)
         for j, b in enumerate(buf["c"]):
             read(getattr(epi, f"rd_c{j}"), b, Mux(fetcher.xbank, cdepth, 0))
-        # the recurrent state: two banks of max_layers x max_hidden, the bank bit a plain address bit
-        state = buf["state"]
-        hstride = _pow2(self.max_hidden)
-        lstride = _pow2(self.max_layers) * hstride
-        so, sn, sw = state.read_port(), state.read_port(), state.write_port()
-        base_old, base_new = Signal(range(2 * lstride)), Signal(range(2 * lstride))
-        hs, ls = ceil_log2(hstride), ceil_log2(lstride)
-        m.d.comb += [base_old.eq(Cat(Const(0, hs), seq.layer) + Cat(Const(0, ls), seq.state_bank)),
-                     base_new.eq(Cat(Const(0, hs), seq.layer) + Cat(Const(0, ls), ~seq.state_bank))]
-        m.d.comb += [so.addr.eq(base_old + epi.rd_state_old.addr), so.en.eq(epi.rd_state_old.en),
-                     sn.addr.eq(base_new + epi.rd_state_new.addr), sn.en.eq(epi.rd_state_new.en),
-                     epi.rd_state_new.data.eq(sn.data),
-                     sw.addr.eq(base_new + epi.wr_state_new.addr), sw.data.eq(epi.wr_state_new.data),
-                     sw.en.eq(epi.wr_state_new.en)]
-        with m.If(seq.state_valid):   # the committed state reads as zero after a reset or a zero-state request
-            m.d.comb += epi.rd_state_old.data.eq(so.data)
+        self._state_ports(m, buf["state"], seq, fetcher, epi)
         # the quantizer's source: X, A or P by the instruction's src; QC from its buffer
         for code, b in ((Buffer.X, buf["x"]), (Buffer.A, buf["a"]), (Buffer.P, buf["p"])):
             with m.If(seq.src == code):
                 m.d.comb += [b.rd_wide.addr.eq(quant.src.addr), b.rd_wide.en.eq(quant.src.en),
                              quant.src.data.eq(b.rd_wide.data)]
         connect(m, quant.qc, buf["qc"].rd_wide)
+
+    def _state_ports(self, m, state, seq, fetcher, epi):
+        """The recurrent state's ports to the epilogue: two banks of ``max_layers x max_hidden`` (the bank bit a
+        plain address bit), or with ``state_in_dram`` the :class:`~hw.state_cache.StateCache` of one layer,
+        which swaps rows at the dispatch of an instruction that touches another layer's state, through the
+        ``state_cmd``/``m_axis_state``/``s_axis_state`` ports."""
+        if self.state_in_dram:
+            ih = seq.fetch.instr
+            connect(m, epi.rd_state_old, state.rd_old)
+            connect(m, epi.rd_state_new, state.rd_new)
+            connect(m, epi.wr_state_new, state.wr_new)
+            m.d.comb += [state.layer.eq(ih.layer), state.uses_state.eq(touches_state(ih.ops, ih.n_ops)),
+                         state.end.eq(ih.opcode == isa.Opcode.END_TOKEN), state.bank.eq(seq.state_bank),
+                         state.state_valid.eq(seq.state_valid), seq.state_need.eq(state.need),
+                         seq.state_busy.eq(state.busy), state.start.eq(seq.state_start),
+                         state.flush.eq(seq.state_flush)]
+            connect(m, state.cmd, wiring.flipped(self.state_cmd))
+            connect(m, state.wb, wiring.flipped(self.m_axis_state))
+            connect(m, wiring.flipped(self.s_axis_state), state.fill)
+        else:
+            # the recurrent state: two banks of max_layers x max_hidden, the bank bit a plain address bit
+            hstride = _pow2(self.max_hidden)
+            lstride = _pow2(self.max_layers) * hstride
+            so, sn, sw = state.read_port(), state.read_port(), state.write_port()
+            base_old, base_new = Signal(range(2 * lstride)), Signal(range(2 * lstride))
+            hs, ls = ceil_log2(hstride), ceil_log2(lstride)
+            m.d.comb += [base_old.eq(Cat(Const(0, hs), seq.layer) + Cat(Const(0, ls), seq.state_bank)),
+                         base_new.eq(Cat(Const(0, hs), seq.layer) + Cat(Const(0, ls), ~seq.state_bank))]
+            m.d.comb += [so.addr.eq(base_old + epi.rd_state_old.addr), so.en.eq(epi.rd_state_old.en),
+                         sn.addr.eq(base_new + epi.rd_state_new.addr), sn.en.eq(epi.rd_state_new.en),
+                         epi.rd_state_new.data.eq(sn.data),
+                         sw.addr.eq(base_new + epi.wr_state_new.addr), sw.data.eq(epi.wr_state_new.data),
+                         sw.en.eq(epi.wr_state_new.en)]
+            with m.If(seq.state_valid):   # the committed state reads as zero after a reset or a zero-state request
+                m.d.comb += epi.rd_state_old.data.eq(so.data)

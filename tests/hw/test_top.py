@@ -17,6 +17,7 @@ from host.protocol import make_token_packet, parse_output_packet
 from hw import numerics as nx
 from hw.isa import TritPacking
 from hw.params import BuildParams
+from hw.state_cache import state_beats
 from hw.top import Accelerator
 from tests.hw.stimulus import biased_image, low_energy, tie_token
 
@@ -32,11 +33,14 @@ def _beats(raw: bytes, bus_bits: int) -> list[int]:
 
 
 def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout_cycles=400_000, numerics=False,
-               biased=False, **build):
+               biased=False, transfers=None, **build):
     """Tokens ``ids`` (consecutive, state carried) through the core and the golden device: (outputs, expected).
 
     ``numerics``: after the ``ids``, a low-energy token and a token with quantize ties (:func:`low_energy`,
-    :func:`tie_token`); ``biased``: the image with random ``ssq_bias`` values (:func:`biased_image`)."""
+    :func:`tie_token`); ``biased``: the image with random ``ssq_bias`` values (:func:`biased_image`).
+    With ``state_in_dram=True`` a testbench serves the core's state rows from a dict of (bank, layer) rows, as
+    the DRAM board does (rows never written read as random words), and appends each command's
+    ``(write, bank, layer)`` to ``transfers``."""
     w = random_weights(cfg, seed=3, gamma_spread=1.0)
     fm = calibrate(w)
     options = CompileOptions(formats=fm, packing=packing)
@@ -85,9 +89,46 @@ def run_tokens(packing, lanes, bus_bits, ids, *, cfg=TINY, max_layers=2, timeout
                         return
         raise AssertionError(f"timeout: {len(got)} of {len(packets)} output packets")
 
+    async def serve_state(ctx):
+        rng = np.random.default_rng(11)
+        rows: dict[tuple[int, int], list[int]] = {}
+        beats = state_beats(dut.build.max_hidden)
+        cmd, wb, fill = dut.state_cmd, dut.m_axis_state, dut.s_axis_state
+        ctx.set(cmd.ready, 1)
+        while True:     # a plain tick while idle: a background testbench left inside `until` fails at the end
+            _, _, valid, write, bank, layer = await ctx.tick().sample(
+                cmd.valid, cmd.payload.write, cmd.payload.bank, cmd.payload.layer)
+            if not valid:
+                continue
+            ctx.set(cmd.ready, 0)
+            if transfers is not None:
+                transfers.append((write, bank, layer))
+            if write:
+                row = []
+                while len(row) < beats:      # tready low a third of the cycles: the write-back holds its beats
+                    ready = bool(rng.random() < 0.67)
+                    ctx.set(wb.tready, ready)
+                    _, _, valid, data, last = await ctx.tick().sample(wb.tvalid, wb.tdata, wb.tlast)
+                    if valid and ready:
+                        assert last == (len(row) == beats - 1)
+                        row.append(data)
+                ctx.set(wb.tready, 0)
+                rows[(bank, layer)] = row
+            else:
+                row = rows.get((bank, layer)) or [int(v) for v in rng.integers(0, 1 << 63, beats)]
+                for j, data in enumerate(row):
+                    ctx.set(fill.tdata, data)
+                    ctx.set(fill.tlast, j == beats - 1)
+                    ctx.set(fill.tvalid, 1)
+                    await ctx.tick().until(fill.tready)
+                ctx.set(fill.tvalid, 0)
+            ctx.set(cmd.ready, 1)
+
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_testbench(feed, background=True)
+    if dut.build.state_in_dram:
+        sim.add_testbench(serve_state, background=True)
     sim.add_testbench(collect)
     sim.run()
     return got, expected
@@ -127,6 +168,23 @@ def test_narrow_quantizer_bit_exact(quant_lanes):
     assert len(got) == 4
     for g, e in zip(got, expected, strict=True):
         assert g == e
+
+
+@pytest.mark.parametrize("max_layers", [2, 3])
+def test_state_in_dram_bit_exact(max_layers):
+    """The recurrent state in board DRAM (``state_in_dram``): one layer's rows on chip, swapped through the
+    state ports, three tokens bit-exact. Per token every layer's STATE_NEW row is written back to the bank the
+    commit makes current, and from the second token on every layer's STATE_OLD row is filled from the
+    committed bank first."""
+    transfers = []
+    got, expected = run_tokens(TritPacking.BASE3, lanes=16, bus_bits=64, ids=[5, 17, 23], state_in_dram=True,
+                               max_layers=max_layers, transfers=transfers)
+    assert got == expected
+    n = TINY.num_hidden_layers
+    want = [(1, 1, layer) for layer in range(n)]                                        # token 0: bank 0
+    want += [x for layer in range(n) for x in ((0, 1, layer), (1, 0, layer))]           # token 1: bank 1
+    want += [x for layer in range(n) for x in ((0, 0, layer), (1, 1, layer))]           # token 2: bank 0
+    assert transfers == want
 
 
 def test_state_banks_with_max_layers_not_a_power_of_two():
