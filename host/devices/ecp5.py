@@ -57,6 +57,7 @@ from hw.boards import link_protocol as lp
 from hw.boards.facts import BOARDS
 from hw.boards.link_protocol import BoardReg, BoardStatus, CtrlStatus, DramStatus, TokenFlags, TokenStatus
 from hw.isa import Ctrl, TritPacking
+from hw.state_layout import StateGeometry
 
 __all__ = ["Ecp5Device", "Ecp5Transport", "LinkError", "LinkTimeout", "UartLink", "ControlBus", "DramLayout",
            "LoadReport",
@@ -875,6 +876,9 @@ class Ecp5Transport:
         self.stream: bytes = b""
         self.layout: DramLayout | None = None
         self.last_load: LoadReport | None = None
+        #: bytes at the top of the DRAM kept for the recurrent state (hw.state_cache.StateGeometry of the core's
+        #: capacities, from its ID block): a core built with the state in DRAM keeps its two banks there
+        self.state_reserve = 0
         self.stats = {"dram_loads": 0, "dram_loads_skipped": 0, "dram_blocks_written": 0, "dram_bytes_written": 0,
                       "ctrl_reads": 0, "ctrl_writes": 0}
 
@@ -1053,11 +1057,14 @@ class Ecp5Transport:
         return result
 
     def check_ident(self, ident: IdBlock) -> None:
-        """The link drives one 64-bit channel."""
+        """The link drives one 64-bit channel. Also keeps the top of the DRAM for the recurrent state
+        (:attr:`state_reserve`: the ID block does not say whether the core keeps it there, and the region is
+        small: 32 KiB at the shipped model's capacities, 256 KiB at the 370M shape's)."""
         if ident.channels != 1 or ident.bus_bits != lp.BEAT_BYTES * 8:
             self.close()
             raise DeviceError(f"device 'ecp5': the link drives one 64-bit channel; the board reports "
                               f"{ident.channels} channel(s) of {ident.bus_bits} bits")
+        self.state_reserve = StateGeometry(max_hidden=ident.max_hidden, max_layers=ident.max_layers).region_bytes
 
     def read(self, offset: int) -> int:
         return self.link.read(offset)
@@ -1104,10 +1111,11 @@ class Ecp5Transport:
         t0 = time.monotonic()
         layout, data = dram_contents(image, table)
         dram = self.board[BoardReg.DRAM_BYTES]
-        if layout.total_bytes > dram:
+        if layout.total_bytes > dram - self.state_reserve:
             raise DeviceError(f"device 'ecp5': the bundle needs {layout.total_bytes:,} bytes of DRAM (image "
                               f"{layout.image_bytes:,} at 0, embedding table {layout.vocab} x {layout.hidden} int32 "
-                              f"at 0x{layout.embed_base:x}), the board has {dram:,}")
+                              f"at 0x{layout.embed_base:x}), the board has {dram:,} less {self.state_reserve:,} "
+                              "kept for the recurrent state")
         blocks = [(a, min(DRAM_BLOCK_BYTES, layout.total_bytes - a))
                   for a in range(0, layout.total_bytes, DRAM_BLOCK_BYTES)]
         report = LoadReport(skipped=False, layout=layout, blocks_total=len(blocks))

@@ -1006,15 +1006,19 @@ def build_tag(core: dict, freq_mhz: float, seed: int, router: str = "router1", d
               place_only: bool = False, placer: str = "heap", dram: bool = False,
               sdram_phase_deg: float = SDRAM_CLK_PHASE_DEG, lut_mapper: str = "abc9") -> str:
     """The build folder name of a configuration:
-    ``[dram_]l<lanes>[_q<quant lanes>][_pipelined]_f<MHz>[_p<SDRAM clock phase>]_s<seed>[_static][_router2]
-    [_d<density>][_abc][_placed]`` (``dram_`` for :class:`DramEcp5Top`, with its SDRAM clock phase only where it
-    differs from :data:`SDRAM_CLK_PHASE_DEG`; the quantize lanes only where they differ from :data:`DEFAULT_PARAMS`,
-    ``_pipelined`` for the pipelined epilogue, the placer only when not heap, the router only when not router1, the
-    placement density only when set, the LUT mapper only when not abc9, ``_placed`` for a build stopped after
-    placement)."""
+    ``[dram_]l<lanes>[_q<quant lanes>][_pipelined][_h<max_hidden>][_sd]_f<MHz>[_p<SDRAM clock phase>]_s<seed>
+    [_static][_router2][_d<density>][_abc][_placed]`` (``dram_`` for :class:`DramEcp5Top`, with its SDRAM clock
+    phase only where it differs from :data:`SDRAM_CLK_PHASE_DEG`; the quantize lanes and the hidden capacity only
+    where they differ from :data:`DEFAULT_PARAMS`, ``_pipelined`` for the pipelined epilogue, ``_sd`` for the state
+    in DRAM, the placer only when not heap, the router only when not router1, the placement density only when set,
+    the LUT mapper only when not abc9, ``_placed`` for a build stopped after placement)."""
     q = "" if core["quant_lanes"] == DEFAULT_PARAMS["quant_lanes"] else f"_q{core['quant_lanes']}"
     if not core.get("epilogue_folded", False):
         q += "_pipelined"
+    if core.get("max_hidden", DEFAULT_PARAMS["max_hidden"]) != DEFAULT_PARAMS["max_hidden"]:
+        q += f"_h{core['max_hidden']}"
+    if core.get("state_in_dram", False):
+        q += "_sd"
     r = ("" if placer == "heap" else f"_{placer}") + ("" if router == "router1" else f"_{router}")
     d = "" if density is None else f"_d{density:g}"
     ph = f"_p{sdram_phase_deg:g}" if dram and sdram_phase_deg != SDRAM_CLK_PHASE_DEG else ""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from hw.params import BuildParams
 
-__all__ = ["BOARDS", "DEFAULT_BOARD", "BoardFacts", "DesignPoint", "Idle", "get"]
+__all__ = ["BOARDS", "CAPACITY_370M", "DEFAULT_BOARD", "BoardFacts", "DesignPoint", "Idle", "get"]
 
 
 #: A board's design point is a :class:`hw.params.BuildParams` (the one build type): lanes, channels, bus width,
@@ -136,6 +136,11 @@ _XILINX_FLOW = ("the target clock of the generated flow (hw/boards/xilinx.py, bi
                 "timed by Vivado")
 _ZYNQMP_HP = ("Zynq UltraScale+ MPSoC TRM (UG1085), PS-PL interfaces: four 128-bit S_AXI_HP0..3_FPD ports; "
               "128 bit x 300 MHz = 4.8 GB/s each (PL AXI clock limit of DS925)")
+
+#: Buffer capacities of the 370M shape (hidden 1024, intermediate 2816, 24 layers; ``max_layers`` the next power
+#: of two, where the core's state banks are placed), for the builds that take a released-size model
+#: (:class:`hw.params.BuildParams` fields)
+CAPACITY_370M = {"max_hidden": 1024, "max_intermediate": 2816, "max_layers": 32}
 
 #: Every board, in the order of docs/ARCHITECTURE.md section 4 (small to large).
 BOARDS: dict[str, BoardFacts] = {

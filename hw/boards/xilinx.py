@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from hw.boards.facts import BOARDS as FACTS
-from hw.boards.facts import BoardFacts
+from hw.boards.facts import CAPACITY_370M, BoardFacts
 from hw.isa import TritPacking
 from hw.params import GATEWARE_FIELDS, BuildParams
 from hw.provenance import git_revision
@@ -153,20 +153,18 @@ class XilinxBoard:
                                          image_tlast=self.family == "alveo", **self.limits)
 
 
-# 370M shape: hidden 1024, intermediate 2816, 24 layers (max_layers a power of two, hw/top.py's state banks)
-_CAP_370M = {"max_hidden": 1024, "max_intermediate": 2816, "max_layers": 32}
 # 2.7B shape: hidden 2560, intermediate 6912, 32 layers
 _CAP_2B7 = {"max_hidden": 2560, "max_intermediate": 6912, "max_layers": 32}
 
 BOARDS: dict[str, XilinxBoard] = {
     "pynq-z2": XilinxBoard(
-        "pynq-z2", "tul.com.tw:pynq-z2:part0:1.0", "2022.1", "PYNQ 3.0.1 SD image (pynq-z2)", _CAP_370M,
+        "pynq-z2", "tul.com.tw:pynq-z2:part0:1.0", "2022.1", "PYNQ 3.0.1 SD image (pynq-z2)", CAPACITY_370M,
         {"lut": 53200, "ff": 106400, "bram36": 140, "uram": 0, "dsp": 220}, 128.0),
     "kv260": XilinxBoard(
-        "kv260", "xilinx.com:kv260_som:part0:1.3", "2022.1", "Kria-PYNQ 3.0.1 on Ubuntu 22.04 (kv260)", _CAP_370M,
+        "kv260", "xilinx.com:kv260_som:part0:1.3", "2022.1", "Kria-PYNQ 3.0.1 on Ubuntu 22.04 (kv260)", CAPACITY_370M,
         {"lut": 117120, "ff": 234240, "bram36": 144, "uram": 64, "dsp": 1248}, 1024.0),
     "zcu104": XilinxBoard(
-        "zcu104", "xilinx.com:zcu104:part0:1.1", "2022.1", "PYNQ 3.0.1 SD image (zcu104)", _CAP_370M,
+        "zcu104", "xilinx.com:zcu104:part0:1.1", "2022.1", "PYNQ 3.0.1 SD image (zcu104)", CAPACITY_370M,
         {"lut": 230400, "ff": 460800, "bram36": 312, "uram": 96, "dsp": 1728}, 512.0),
     "u55c": XilinxBoard(
         "u55c", "", "2022.1", "XRT 2022.1, platform xilinx_u55c_gen3x16_xdma_3_202210_1", _CAP_2B7,
