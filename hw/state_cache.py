@@ -110,6 +110,14 @@ class StateCache(wiring.Component):
         To the board (module notes).
     """
 
+    #: Cycles from the dispatch that starts a swap to the instruction's dispatch, beyond its transfers: ``start``,
+    #: the cache's NEXT and DONE states, the sequencer's return to DISPATCH (``host.perf.state_swap_cycles``)
+    SWAP_CYCLES = 4
+    #: A write-back's cycles beyond two a beat (an element read a cycle), with the board taking every beat
+    WRITE_BACK_CYCLES = 3
+    #: A fill's cycles beyond two a beat (an element written a cycle) and the board's latency to its first beat
+    FILL_CYCLES = 1
+
     def __init__(self, *, max_hidden: int, max_layers: int, index_bits: int = 16):
         if max_layers > 1 << 8:
             raise ValueError(f"max_layers must be <= 256 (StateCmd.layer), got {max_layers}")

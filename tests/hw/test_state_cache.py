@@ -137,6 +137,46 @@ def test_swaps_follow_the_layers():
     assert seen["old0"] == r0b
 
 
+def test_swap_cycles():
+    """A swap's length with a board that answers at once (the server above): the constants host.perf's
+    state_swap_cycles reads (StateCache.SWAP_CYCLES, WRITE_BACK_CYCLES, FILL_CYCLES), at 2 cycles a beat."""
+    two = 2 * state_beats(H)
+    took = {}
+
+    async def timed(ctx, dut, layer, name):
+        ctx.set(dut.layer, layer)
+        ctx.set(dut.uses_state, 1)
+        assert ctx.get(dut.need)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        n = 1
+        while True:
+            _, _, busy = await ctx.tick().sample(dut.busy)
+            n += 1
+            if not busy:
+                break
+        took[name] = n             # the sequencer, in STATE_SWAP, sees busy low in the last: DISPATCH next
+
+    async def script(ctx, dut, rows, log):
+        ctx.set(dut.bank, 1)
+        ctx.set(dut.state_valid, 0)
+        await timed(ctx, dut, 0, "none")
+        await _write_row(ctx, dut, [1] * H)
+        await timed(ctx, dut, 1, "write_back")
+        ctx.set(dut.state_valid, 1)
+        rows[(1, 2)] = [2] * H
+        await timed(ctx, dut, 2, "fill")
+        await _write_row(ctx, dut, [3] * H)
+        rows[(1, 3)] = [4] * H
+        await timed(ctx, dut, 3, "both")
+
+    _run(script)
+    base, wb, fill = StateCache.SWAP_CYCLES, StateCache.WRITE_BACK_CYCLES, StateCache.FILL_CYCLES
+    assert took == {"none": base, "write_back": base + two + wb, "fill": base + two + fill,
+                    "both": base + 2 * two + wb + fill}
+
+
 def test_geometry():
     g = StateGeometry(max_hidden=1024, max_layers=24)
     assert (g.row_bytes, g.row_stride, g.bank_stride, g.region_bytes) == (4096, 4096, 32 * 4096, 2 * 32 * 4096)
