@@ -21,10 +21,28 @@ table live in board DRAM, and the link carries tokens, not vectors (issue 22; do
   its (position, argmax, flags) summary);
 - the core (:class:`hw.top.Accelerator`), behind FIFOs on both streams
   (:func:`hw.boards.uart_link.stream_register`: :data:`W0_FIFO_DEPTH` entries on the weight stream, one on the
-  output) and a registered core reset, as on the boards without DRAM (:class:`hw.boards.ecp5.LinkedCore`).
+  output) and a registered core reset, as on the boards without DRAM (:class:`hw.boards.ecp5.LinkedCore`);
+- with a build's ``state_in_dram``, the state engine (:class:`StateEngine`): the core's recurrent-state row
+  transfers (``state_cmd``, ``m_axis_state``, ``s_axis_state``; :class:`hw.state_cache.StateCache`), one
+  command at a time, in order. Row ``(bank, layer)`` lies at byte ``StateGeometry.base(DRAM_BYTES) +
+  StateGeometry.offset(bank, layer)`` (:class:`hw.state_cache.StateGeometry`: a region at the top of the
+  DRAM; the int32 row little-endian, as the host reads it). A write-back's beats go to the writer, and the
+  command ends only once the controller has taken every word, so that a later fill of the row reads what
+  was written; a fill's row comes through a second reader (the image reader streams the image meanwhile).
 
 One reader and one writer share the one native port: the bridge runs one command at a time, so at most one
-of them is active (the writer owns the port during an ``'L'``, the reader otherwise).
+of them is active (the writer owns the port during an ``'L'``, the reader otherwise). With the state engine,
+the image reader streams ahead during a token while the core swaps state rows: before each of its commands the
+engine holds the image reader (``DRAMImageReader.hold``: no new read), waits until its reads in flight are
+in, and then owns the port (commands from the writer or the state reader, read data to the state reader)
+until the command ends; the image request then goes on where it stopped. A ``'T'`` replies only once the
+engine is idle, so the token's last write-back is in DRAM before the next command; an ``'L'`` waits for a
+transfer in progress (one an ``'S'`` stream's core asked for), and the engine waits for an ``'L'``.
+A state read that times out, or a write-back that waits on the controller ``dram_timeout`` cycles without
+progress, ends the token with ``READ_TIMEOUT`` and stops the engine (``BoardStatus.READER_ERROR``; the next
+``'T'`` is refused with ``READ_TIMEOUT``) until ``'X'``, which resets the engine and aborts its reader as it
+does the image reader's. The image must end below the state region (else ``NO_IMAGE``); the host keeps the
+embedding table below it too.
 
 The port's word may be narrower than the link's and the core's 64-bit beat (the ULX3S SDRAM's 16 bits: four
 words a beat) or wider (the ECPIX-5 DDR3's 128 bits: two beats a word). The DRAM is byte-addressed either
@@ -58,15 +76,16 @@ from hw.boards.link_protocol import (
 from hw.boards.uart_link import LinkBridge, stream_register
 from hw.dram import NativePortSignature
 from hw.dram_init import WishboneSignature
-from hw.dram_reader import DRAMImageReader
+from hw.dram_reader import DRAMImageReader, beat_layout, dram_request_layout
 from hw.dram_wide_writer import DRAMWideWriter
 from hw.dram_writer import DRAMStreamWriter
 from hw.isa import REGISTER_MAP, Status, register_base
 from hw.params import BuildParams
+from hw.state_cache import STATE_BEAT_BITS, StateCmd, StateGeometry, state_beats
 from hw.streams import AXIStreamSignature
 from hw.token_builder import TokenBuilder
 
-__all__ = ["DRAMBoard"]
+__all__ = ["DRAMBoard", "StateEngine"]
 
 BEAT_BITS = 64
 #: entries of the weight stream's FIFO between the token engine and the core. A one-entry FIFO (a register with
@@ -109,12 +128,15 @@ class DRAMBoard(wiring.Component):
     core : wiring.Component, optional
         The core (default ``hw.top.Accelerator(build)``); a stand-in needs its members ``s_axil``,
         ``s_axis_w0`` (64 bits), ``m_axis_out`` (32 bits) and ``irq``, and a ``'T'`` replies only once
-        ``irq`` is high after its image went in, with ``STATUS`` (:class:`hw.isa.Status`) saying done or error.
+        ``irq`` is high after its image went in, with ``STATUS`` (:class:`hw.isa.Status`) saying done or error,
+        and (with ``state_in_dram``) the state engine idle with no command offered; with ``build.state_in_dram``
+        also ``state_cmd``, ``m_axis_state`` and ``s_axis_state`` (:class:`hw.top.Accelerator`'s).
     dram_timeout : int
-        Cycles of waiting on the controller without progress before a read (the reader's ``timeout``) or a
+        Cycles of waiting on the controller without progress before a read (the readers' ``timeout``) or a
         write gives up (``DramStatus.TIMEOUT``, ``TokenStatus.READ_TIMEOUT``; default 4096, 82 us at 50 MHz).
     reader_depth : int
-        The reader's outstanding reads (:class:`~hw.dram_reader.DRAMImageReader`'s ``depth``).
+        The readers' outstanding reads (:class:`~hw.dram_reader.DRAMImageReader`'s ``depth``; the image reader's
+        and, with ``state_in_dram``, the state reader's).
     hold_port : bool
         The DRAM needs read leveling (the ECPIX-5's DDR3; build :class:`hw.dram.LiteDRAMCore` with
         ``hold_port=True`` too): ``port_enable`` is low after configuration until the host writes 1 to
@@ -152,7 +174,8 @@ class DRAMBoard(wiring.Component):
     TypeError, ValueError
         On a parameter of the wrong type or out of range (a build with another channel count or bus width,
         a ``port_width`` that is neither a power-of-two divisor nor a power-of-two multiple of 64, a DRAM of
-        4 GiB or more).
+        4 GiB or more, with ``state_in_dram`` a DRAM smaller than the state region or a core without the state
+        ports).
     """
 
     def __init__(self, *, build: BuildParams, addr_width: int = 24, port_width: int = 16, clock_hz: int,
@@ -182,10 +205,18 @@ class DRAMBoard(wiring.Component):
         self._build, self._addr_width, self._port_width = build, addr_width, port_width
         self._clock_hz, self._byte_timeout = clock_hz, byte_timeout
         self._dram_timeout, self._reader_depth = dram_timeout, reader_depth
+        #: the image must end here: below the state region at the top of the DRAM (ValueError if it does not fit)
+        self._image_limit = self.dram_bytes
+        if build.state_in_dram:
+            self._image_limit = StateGeometry(build.max_hidden, build.max_layers).base(self.dram_bytes)
         if core is None:
             from hw.top import Accelerator
 
             core = Accelerator(build)
+        elif build.state_in_dram and not all(hasattr(core, n) for n in ("state_cmd", "m_axis_state",
+                                                                        "s_axis_state")):
+            raise TypeError("a build with state_in_dram needs a core with state_cmd, m_axis_state and "
+                            f"s_axis_state, got {core!r}")
         self._core = core
         super().__init__({
             "rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
@@ -245,7 +276,8 @@ class DRAMBoard(wiring.Component):
         tap = ArgmaxTap()
         m.submodules.core = reset(core)
         m.submodules.reader = reader
-        m.d.comb += reader.abort.eq(core_rst)
+        reader_abort = Signal()     # the token engine's, after the state engine stopped mid-token
+        m.d.comb += reader.abort.eq(core_rst | reader_abort)
         m.submodules.writer = reset(writer)
         m.submodules.builder = reset(builder)
         m.submodules.tap = reset(tap)
@@ -259,7 +291,11 @@ class DRAMBoard(wiring.Component):
                      br.out.tvalid.eq(tap.o.valid), tap.o.ready.eq(br.out.tready)]
 
         u = SimpleNamespace(bridge=br, core=core, reader=reader, writer=writer, builder=builder, tap=tap,
-                            w0_in=w0_in, w0_fifo=w0_fifo, core_rst=core_rst)
+                            w0_in=w0_in, w0_fifo=w0_fifo, core_rst=core_rst, reader_abort=reader_abort)
+        u.state = u.state_reader = None
+        u.state_busy = u.state_error = Const(0, 1)
+        if self._build.state_in_dram:
+            self._state_engine(m, u)
         u.tokens = Signal(32)
         u.load_started = Signal()
         u.regs = self._registers(m, u)
@@ -267,6 +303,8 @@ class DRAMBoard(wiring.Component):
         u.usable = Signal()      # the DRAM is initialised and its port enabled: DRAM commands may run
         m.d.comb += u.usable.eq(self.dram_ready & u.regs.port_enabled)
         u.write_owner = self._dram_engine(m, u)
+        if u.state is not None:
+            self._state_writer(m, u)
         self._ctrl_engine(m, u)
         status_read = self._token_engine(m, u)
         self._core_bus(m, u, status_read)
@@ -284,7 +322,8 @@ class DRAMBoard(wiring.Component):
             "image_base", "image_bytes", "image_checksum", "embed_base", "embed_hidden", "embed_vocab")})
         r.port_enabled = Signal(name="port_enabled") if self._hold_port else Const(1, 1)
         status = Signal(8)
-        m.d.comb += status.eq(Cat(self.dram_ready, self.dram_error, r.image_valid, u.reader.error,
+        # READER_ERROR: the image reader stopped after a time-out, or the state engine stopped (state_in_dram)
+        m.d.comb += status.eq(Cat(self.dram_ready, self.dram_error, r.image_valid, u.reader.error | u.state_error,
                                   u.writer.error, self.rx_overflow, r.port_enabled, Const(self._hold_port, 1)))
         assert [int(f) for f in BoardStatus] == [1 << k for k in range(8)]   # the bit order above
 
@@ -334,6 +373,10 @@ class DRAMBoard(wiring.Component):
         enables of its own beats only, and ``'C'`` reads whole words and hands the CRC only the range's beats
         (:class:`~hw.dram_reader.DRAMImageReader`).
 
+        With ``state_in_dram`` an ``'L'`` offers its request to the writer only while the state engine is not
+        busy (:meth:`_state_writer`); the writer, the engine's meanwhile, is checked (in error, or stuck) once
+        the engine is done.
+
         Returns the writer's port ownership (high from the write request until its last word was taken)."""
         bp, reader, writer = u.bridge.board, u.reader, u.writer
         baw = self.byte_addr_width
@@ -368,7 +411,7 @@ class DRAMBoard(wiring.Component):
                     with m.Elif(writer.error):
                         m.d.sync += status.eq(DramStatus.WRITER_ERROR)
                         m.next = "DISCARD"
-                    with m.Elif(~writer.req.ready):   # still stuck after a time-out
+                    with m.Elif(~writer.req.ready & ~u.state_busy):   # still stuck after a time-out
                         m.d.sync += status.eq(DramStatus.TIMEOUT)
                         m.next = "DISCARD"
                     with m.Else():
@@ -384,11 +427,15 @@ class DRAMBoard(wiring.Component):
                     with m.Else():
                         m.next = "CRC_REQ"
 
-            with m.State("WRITE_REQ"):
-                m.d.comb += [write_owner.eq(1), writer.req.valid.eq(1), writer.req.payload.base.eq(addr[:baw]),
-                             writer.req.payload.length.eq(length[:baw + 1])]
-                with m.If(writer.req.ready):
+            with m.State("WRITE_REQ"):      # (after the state engine's transfer in progress, if any)
+                m.d.comb += [write_owner.eq(1), writer.req.valid.eq(~u.state_busy),
+                             writer.req.payload.base.eq(addr[:baw]), writer.req.payload.length.eq(length[:baw + 1])]
+                with m.If(writer.req.ready & ~u.state_busy):
                     m.next = "WRITE"
+                if u.state is not None:     # the writer was the state engine's at CHECK: the checks now
+                    with m.Elif(~u.state_busy):
+                        m.d.sync += status.eq(Mux(writer.error, DramStatus.WRITER_ERROR, DramStatus.TIMEOUT))
+                        m.next = "DISCARD"
             with m.State("WRITE"):
                 m.d.comb += [write_owner.eq(1), writer.i.payload.eq(bp.dram_data.payload),
                              writer.i.valid.eq(bp.dram_data.valid & (beats != 0)),
@@ -522,6 +569,13 @@ class DRAMBoard(wiring.Component):
         bridge issues no register access either then, so the engine's read cannot collide with one.
         ``'S'`` beats pass to the core while no token runs.
 
+        With ``state_in_dram`` the reply also waits (``STATE_WAIT``, after the ``STATUS`` read) until the
+        state engine is idle and the core offers no state command: the token's last write-back is then in
+        DRAM. The state engine stopped in error refuses a token with ``READ_TIMEOUT`` (as the image reader
+        stopped in error does) and ends one in progress with ``READ_TIMEOUT``; that end also aborts the image
+        reader, which may be mid-request, so that a ``'C'`` finds it idle. A ``READ_TIMEOUT`` reply waits for a
+        state transfer in progress to end. The image must end below the state region (``NO_IMAGE``).
+
         Returns the engine's side of the core's read channels (``owner``, ``arvalid``, ``rready``: 1 bit
         each) for :meth:`_core_bus`."""
         bp, reader, builder, core = u.bridge.board, u.reader, u.builder, u.core
@@ -563,7 +617,7 @@ class DRAMBoard(wiring.Component):
                     m.next = "CHECK"
             with m.State("CHECK"):
                 no_image = (~regs.image_valid | (regs.image_bytes[3:] == 0)
-                            | ((regs.image_base + regs.image_bytes) > self.dram_bytes))
+                            | ((regs.image_base + regs.image_bytes) > self._image_limit))
                 if reader.base_align > 2:   # the reader would ignore IMAGE_BASE's bits below its granularity
                     no_image = no_image | (regs.image_base[:ceil_log2(reader.base_align)] != 0)
                 with m.If(~u.usable):
@@ -572,7 +626,7 @@ class DRAMBoard(wiring.Component):
                 with m.Elif(no_image):
                     m.d.sync += status.eq(TokenStatus.NO_IMAGE)
                     m.next = "REPLY"
-                with m.Elif(reader.error):
+                with m.Elif(reader.error | u.state_error):
                     m.d.sync += status.eq(TokenStatus.READ_TIMEOUT)
                     m.next = "REPLY"
                 with m.Else():
@@ -598,7 +652,7 @@ class DRAMBoard(wiring.Component):
                 connect(m, reader.o, builder.rd)
                 with m.If(taken & w0_in.tlast):
                     m.next = "IMAGE_REQ"
-                with m.Elif(reader.error):
+                with m.Elif(reader.error | u.state_error):
                     m.next = "FAIL"
             with m.State("IMAGE_REQ"):
                 m.d.comb += [streaming.eq(1), reader.req.valid.eq(1),
@@ -606,22 +660,24 @@ class DRAMBoard(wiring.Component):
                              reader.req.payload.length.eq(regs.image_bytes)]
                 with m.If(reader.req.ready):
                     m.next = "IMAGE"
-                with m.Elif(reader.error):
+                with m.Elif(reader.error | u.state_error):
                     m.next = "FAIL"
             with m.State("IMAGE"):
                 m.d.comb += [src.eq(2), streaming.eq(1)]
                 with m.If(taken & w0_in.tlast):
                     m.next = "DRAIN"
-                with m.Elif(reader.error):
+                with m.Elif(reader.error | u.state_error):
                     m.next = "FAIL"
             with m.State("DRAIN"):           # until the core took the last beat from the FIFO
                 m.d.comb += streaming.eq(1)
                 with m.If(u.w0_fifo.level == 0):     # not r_rdy: a beat written into an empty FIFO is in it
                                                      # a cycle before r_rdy shows it (SyncFIFOBuffered, depth > 1)
                     m.next = "CORE_WAIT"
+                with m.Elif(u.state_error):          # the core waits for a row that will not come
+                    m.next = "FAIL"
             with m.State("CORE_WAIT"):       # until the core is done or in error
                 m.d.comb += streaming.eq(1)
-                with m.If(u.core_rst):
+                with m.If(u.core_rst | u.state_error):
                     m.next = "FAIL"
                 with m.Elif(core.irq):       # the engine takes the read channels and asks for STATUS
                     m.d.sync += [sr.owner.eq(1), sr.arvalid.eq(1)]
@@ -640,10 +696,23 @@ class DRAMBoard(wiring.Component):
                 with m.Elif(bus.rvalid):
                     m.d.sync += [status.eq(Mux(bus.rdata[ERROR_BIT], TokenStatus.CORE_ERROR, 0)),
                                  sr.owner.eq(0), sr.rready.eq(0)]
-                    m.next = "REPLY"
+                    m.next = "STATE_WAIT" if u.state is not None else "REPLY"
+            if u.state is not None:
+                with m.State("STATE_WAIT"):  # the last write-back in DRAM (the core offers no more commands)
+                    m.d.comb += streaming.eq(1)
+                    with m.If(u.core_rst | u.state_error):
+                        m.next = "FAIL"
+                    with m.Elif(~u.state_busy & ~core.state_cmd.valid):
+                        m.next = "REPLY"
             with m.State("FAIL"):
                 m.d.sync += status.eq(TokenStatus.READ_TIMEOUT)
-                m.next = "REPLY"
+                # after the state engine stopped the image reader may be mid-request: it ends here, so that a
+                # 'C' finds it idle (after an image read's time-out it stays stopped, in error, as before); a
+                # state transfer in progress ends first (the core completes the swap it started, or the engine
+                # stops), so that no write-back is cut short by an 'X' after the reply
+                m.d.comb += u.reader_abort.eq(u.state_error)
+                with m.If(~u.state_busy):
+                    m.next = "REPLY"
             with m.State("REPLY"):
                 m.d.comb += [bp.token_done.valid.eq(1), bp.token_done.payload.eq(status)]
                 with m.If(bp.token_done.ready):
@@ -729,17 +798,259 @@ class DRAMBoard(wiring.Component):
         with m.If(u.core_rst):
             m.d.sync += [core_open.eq(0), tap_first.eq(1), cur.eq(0), owed.eq(0), wait.eq(0)]
 
+    def _state_engine(self, m, u):
+        """A build with ``state_in_dram``: the :class:`StateEngine` between the core's state ports and the port
+        (:meth:`_port_mux`), with a second :class:`~hw.dram_reader.DRAMImageReader` for its fills (the image
+        reader streams the image meanwhile) and the writer for its write-backs (:meth:`_state_writer`); the
+        core reset resets the engine and aborts its reader, as it aborts the image reader. The image reader is
+        held while the engine takes the port and while reads of the state reader are in flight (the words of
+        a fill cut short by an error or ``'X'``, which the state reader drops)."""
+        aw, pw, baw = self._addr_width, self._port_width, self.byte_addr_width
+        core, reader, writer, port = u.core, u.reader, u.writer, self.port
+        se = StateEngine(byte_addr_width=baw, base=self._image_limit, max_hidden=self._build.max_hidden,
+                         max_layers=self._build.max_layers, timeout=self._dram_timeout)
+        sreader = DRAMImageReader(addr_width=aw, port_width=pw, beat_width=BEAT_BITS, depth=self._reader_depth,
+                                  timeout=self._dram_timeout)
+        m.submodules.state_engine = ResetInserter({"sync": u.core_rst})(se)
+        m.submodules.state_reader = sreader
+        connect(m, core.state_cmd, se.cmd)
+        connect(m, core.m_axis_state, se.wb)
+        connect(m, se.fill, core.s_axis_state)
+        connect(m, se.rd_req, sreader.req)
+        connect(m, sreader.o, se.rd)
+        m.d.comb += [sreader.abort.eq(u.core_rst | se.abort), reader.hold.eq(se.hold | sreader.in_flight),
+                     se.quiet.eq(~reader.in_flight), se.held_error.eq(reader.error),
+                     se.reader_error.eq(sreader.error), se.writer_busy.eq(writer.busy),
+                     se.writer_error.eq(writer.error),
+                     se.wr_stalled.eq(writer.port.cmd.valid & ~port.cmd.ready),
+                     se.wr_progress.eq((port.cmd.valid & port.cmd.ready) | port.wdata.ready)]
+        u.state, u.state_reader, u.state_busy, u.state_error = se, sreader, se.busy, se.error
+
+    def _state_writer(self, m, u):
+        """The writer's request and beats from the state engine during its write-backs (the bridge runs one
+        command at a time, so an ``'L'`` and a token never overlap; an ``'L'`` after an ``'S'`` whose core
+        still swaps rows waits in ``WRITE_REQ`` while the engine is busy, and the engine takes no command
+        while an ``'L'`` owns the writer). Comes after :meth:`_dram_engine`: these assignments win."""
+        se, writer = u.state, u.writer
+        m.d.comb += se.blocked.eq(u.write_owner)
+        with m.If(se.write):
+            m.d.comb += [writer.req.valid.eq(se.wr_req.valid), writer.req.payload.eq(se.wr_req.payload),
+                         se.wr_req.ready.eq(writer.req.ready),
+                         writer.i.valid.eq(se.wr.valid), writer.i.payload.eq(se.wr.payload),
+                         se.wr.ready.eq(writer.i.ready)]
+
     def _port_mux(self, m, u):
         """The native port: commands from the writer while it owns the port (an ``'L'``), else from the
-        reader; write data from the writer; read data to the reader."""
-        port, reader, writer = self.port, u.reader, u.writer
-        with m.If(u.write_owner):
-            m.d.comb += [port.cmd.valid.eq(writer.port.cmd.valid), port.cmd.payload.eq(writer.port.cmd.payload),
-                         writer.port.cmd.ready.eq(port.cmd.ready)]
-        with m.Else():
-            m.d.comb += [port.cmd.valid.eq(reader.port.cmd.valid), port.cmd.payload.eq(reader.port.cmd.payload),
-                         reader.port.cmd.ready.eq(port.cmd.ready)]
+        reader; write data from the writer; read data to the reader.
+
+        With ``state_in_dram`` the state engine's grant comes first: while it owns the port, commands come
+        from the writer (a write-back) or the state reader (a fill), and read data goes to the state reader,
+        also afterwards while that reader has reads in flight; the image reader, held meanwhile with no read
+        in flight, sees no ``rdata.valid``."""
+        port, reader, writer, se, sreader = self.port, u.reader, u.writer, u.state, u.state_reader
+
+        def commands(src):
+            m.d.comb += [port.cmd.valid.eq(src.port.cmd.valid), port.cmd.payload.eq(src.port.cmd.payload),
+                         src.port.cmd.ready.eq(port.cmd.ready)]
+
+        to_reader = port.rdata.valid
+        if se is None:
+            with m.If(u.write_owner):
+                commands(writer)
+            with m.Else():
+                commands(reader)
+        else:
+            with m.If(se.write):
+                commands(writer)
+            with m.Elif(se.grant):
+                commands(sreader)
+            with m.Elif(u.write_owner):
+                commands(writer)
+            with m.Else():
+                commands(reader)
+            to_state = se.grant | sreader.in_flight
+            to_reader = port.rdata.valid & ~to_state
+            m.d.comb += [sreader.port.rdata.payload.eq(port.rdata.payload),
+                         sreader.port.rdata.valid.eq(port.rdata.valid & to_state)]
         m.d.comb += [port.wdata.payload.eq(writer.port.wdata.payload), writer.port.wdata.ready.eq(port.wdata.ready),
-                     reader.port.rdata.payload.eq(port.rdata.payload), reader.port.rdata.valid.eq(port.rdata.valid)]
+                     reader.port.rdata.payload.eq(port.rdata.payload), reader.port.rdata.valid.eq(to_reader)]
 
 
+class StateEngine(wiring.Component):
+    """Serves a core's recurrent-state row transfers (:class:`hw.state_cache.StateCache`: ``cmd``, ``wb``,
+    ``fill``) on a DRAM board's native port, one command at a time, in order (module notes).
+
+    A command's row ``(bank, layer)`` lies at byte ``base + StateGeometry.offset(bank, layer)``
+    (:class:`hw.state_cache.StateGeometry`; ``layer`` taken modulo ``max_layers`` rounded up to a power of
+    two, so that a row never leaves the region), ``row_bytes`` long. The engine first takes the port: it
+    raises ``hold`` (the image reader's) and waits for ``quiet`` (no image read in flight), then owns the port
+    (``grant``) until the transfer is over:
+
+    - a write (``StateCmd.write`` 1): one request to the DRAM writer (``wr_req``), the core's ``wb`` beats to
+      its ``wr``, and the command ends once the writer has handed the controller every word (``writer_busy``
+      low), so that a later fill of the row reads what was written;
+    - a fill: one request to the state reader (``rd_req``), whose beats go to ``fill`` (``tlast`` on the
+      last); the command ends with the last beat taken.
+
+    It stops with ``error`` (until reset: the board's ``'X'``) when a fill's read times out (``reader_error``),
+    a write waits on the controller ``timeout`` cycles without progress, the writer is in error or still
+    stuck from an earlier time-out when a write starts, or the image reader stopped in error with reads
+    outstanding (the port cannot be had). Stopping, it pulses ``abort`` for the state reader (so that it
+    gives up reads that will never come), drops ``hold`` and ``grant``, and takes no more commands.
+
+    Parameters
+    ----------
+    byte_addr_width : int
+        The DRAM's byte address bits.
+    base : int
+        The state region's first byte (``StateGeometry.base(dram_bytes)``).
+    max_hidden, max_layers : int
+        The core's build (the row's length, the region's layout).
+    timeout : int, >= 1
+        Cycles a write may wait on the controller without progress (the board's ``dram_timeout``).
+
+    Members
+    -------
+    cmd : In(stream.Signature(hw.state_cache.StateCmd))
+        From the core's ``state_cmd``; taken while idle and ``blocked`` is low.
+    wb : In(AXIStreamSignature(64))
+        From the core's ``m_axis_state``: a write's ``state_beats(max_hidden)`` beats (``tlast`` not checked).
+    fill : Out(AXIStreamSignature(64))
+        To the core's ``s_axis_state``: a fill's beats.
+    wr_req : Out(stream.Signature(hw.dram_reader.dram_request_layout(byte_addr_width)))
+    wr : Out(stream.Signature(64))
+        To the DRAM writer's ``req`` and ``i`` while ``write``.
+    writer_busy, writer_error : In(1)
+        The writer's ``busy`` and ``error``.
+    wr_stalled, wr_progress : In(1)
+        The writer offers a command the controller does not take; the controller took a command or write
+        data (the write's time-out).
+    rd_req : Out(stream.Signature(hw.dram_reader.dram_request_layout(byte_addr_width)))
+    rd : In(stream.Signature(hw.dram_reader.beat_layout(64)))
+        To and from the state reader (:class:`hw.dram_reader.DRAMImageReader`).
+    reader_error : In(1)
+        The state reader's ``error``.
+    blocked : In(1)
+        The writer is another engine's (an ``'L'``): no command is taken.
+    hold : Out(1)
+        To the image reader's ``hold``: from a command's acceptance until its end.
+    quiet : In(1)
+        The image reader has no read in flight (``~in_flight``).
+    held_error : In(1)
+        The image reader's ``error``.
+    grant : Out(1)
+        The engine owns the port: commands from the writer (``write``) or the state reader, read data to the
+        state reader.
+    write : Out(1)
+        The command owning the port is a write (``grant`` is high too).
+    busy : Out(1)
+        A command is in progress (not while in error).
+    error : Out(1)
+        Stopped (above).
+    abort : Out(1)
+        High for the first cycle in error.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a parameter of the wrong type or out of range (``max_layers`` above 256: ``StateCmd.layer``'s 8
+        bits; a region beyond ``byte_addr_width``).
+    """
+
+    def __init__(self, *, byte_addr_width: int, base: int, max_hidden: int, max_layers: int, timeout: int):
+        _int("byte_addr_width", byte_addr_width, 3)
+        _int("max_hidden", max_hidden, 1)
+        _int("max_layers", max_layers, 1, 1 << 8)
+        _int("timeout", timeout, 1)
+        self._geometry = geo = StateGeometry(max_hidden, max_layers)
+        _int("base", base, 0, (1 << byte_addr_width) - geo.region_bytes)
+        if base % geo.region_bytes:
+            raise ValueError(f"base must be a multiple of the region's {geo.region_bytes} bytes, got {base}")
+        self._baw, self._base, self._timeout = byte_addr_width, base, timeout
+        request = stream.Signature(dram_request_layout(byte_addr_width))
+        super().__init__({
+            "cmd": In(stream.Signature(StateCmd)),
+            "wb": In(AXIStreamSignature(STATE_BEAT_BITS)), "fill": Out(AXIStreamSignature(STATE_BEAT_BITS)),
+            "wr_req": Out(request), "wr": Out(stream.Signature(STATE_BEAT_BITS)),
+            "writer_busy": In(1), "writer_error": In(1), "wr_stalled": In(1), "wr_progress": In(1),
+            "rd_req": Out(request), "rd": In(stream.Signature(beat_layout(STATE_BEAT_BITS))),
+            "reader_error": In(1), "blocked": In(1),
+            "hold": Out(1), "quiet": In(1), "held_error": In(1),
+            "grant": Out(1), "write": Out(1), "busy": Out(1), "error": Out(1), "abort": Out(1),
+        })
+
+    @property
+    def geometry(self) -> StateGeometry:
+        return self._geometry
+
+    def elaborate(self, platform):
+        m = Module()
+        geo = self._geometry
+        beats = state_beats(geo.max_hidden)
+        lb = ceil_log2(geo.max_layers)
+        write = Signal()
+        addr = Signal(self._baw)
+        left = Signal(range(beats + 1))         # a write's beats still to take from the core
+        stall = Signal(range(self._timeout + 1))
+        aborted = Signal()
+
+        def request(req):
+            m.d.comb += [req.valid.eq(1), req.payload.base.eq(addr), req.payload.length.eq(geo.row_bytes)]
+
+        with m.FSM(name="state_engine"):
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(~self.blocked)
+                with m.If(self.cmd.valid & self.cmd.ready):
+                    c = self.cmd.payload
+                    offset = Cat(Const(0, ceil_log2(geo.row_stride)), c.layer[:lb], c.bank)
+                    m.d.sync += [write.eq(c.write), addr.eq(self._base + offset), left.eq(beats), stall.eq(0)]
+                    m.next = "HOLD"
+            with m.State("HOLD"):           # the image reader offers no more reads; those in flight come in
+                m.d.comb += [self.hold.eq(1), self.busy.eq(1)]
+                with m.If(self.quiet & write):
+                    m.next = "WRITE_REQ"
+                with m.Elif(self.quiet):
+                    m.next = "FILL_REQ"
+                with m.Elif(self.held_error):   # stopped with reads outstanding: they may never come
+                    m.next = "ERROR"
+            with m.State("WRITE_REQ"):
+                m.d.comb += [self.hold.eq(1), self.busy.eq(1), self.grant.eq(1), self.write.eq(1)]
+                request(self.wr_req)
+                with m.If(self.writer_error | ~self.wr_req.ready):   # stuck since an earlier time-out
+                    m.next = "ERROR"
+                with m.Else():
+                    m.next = "WRITE"
+            with m.State("WRITE"):
+                m.d.comb += [self.hold.eq(1), self.busy.eq(1), self.grant.eq(1), self.write.eq(1),
+                             self.wr.payload.eq(self.wb.tdata), self.wr.valid.eq(self.wb.tvalid & (left != 0)),
+                             self.wb.tready.eq(self.wr.ready & (left != 0))]
+                with m.If(self.wb.tvalid & self.wb.tready):
+                    m.d.sync += left.eq(left - 1)
+                waiting = self.wr_stalled | ((left == 0) & self.writer_busy)
+                with m.If(self.wr_progress | ~waiting):
+                    m.d.sync += stall.eq(0)
+                with m.Else():
+                    m.d.sync += stall.eq(stall + 1)
+                with m.If(self.writer_error | (stall == self._timeout)):
+                    m.next = "ERROR"
+                with m.Elif((left == 0) & ~self.writer_busy):
+                    m.next = "IDLE"
+            with m.State("FILL_REQ"):
+                m.d.comb += [self.hold.eq(1), self.busy.eq(1), self.grant.eq(1)]
+                request(self.rd_req)
+                with m.If(self.reader_error):
+                    m.next = "ERROR"
+                with m.Elif(self.rd_req.ready):
+                    m.next = "FILL"
+            with m.State("FILL"):
+                m.d.comb += [self.hold.eq(1), self.busy.eq(1), self.grant.eq(1),
+                             self.fill.tdata.eq(self.rd.payload.data), self.fill.tlast.eq(self.rd.payload.last),
+                             self.fill.tvalid.eq(self.rd.valid), self.rd.ready.eq(self.fill.tready)]
+                with m.If(self.rd.valid & self.rd.ready & self.rd.payload.last):
+                    m.next = "IDLE"
+                with m.Elif(self.reader_error):
+                    m.next = "ERROR"
+            with m.State("ERROR"):
+                m.d.comb += [self.error.eq(1), self.abort.eq(~aborted)]
+                m.d.sync += aborted.eq(1)
+        return m

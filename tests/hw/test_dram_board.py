@@ -6,7 +6,10 @@ run from DRAM bit-exact with the golden device (the whole output packet, or the 
 image word (the weight CRC) and the next token after CTRL.clear. The control bus ('K'/'J', link version 3)
 is answered by a behavioural Wishbone subordinate (:class:`WishboneModel`): accesses, the power-up
 sequencer's ownership, a missing ack, bad addresses, and the port enable of a board built with
-``hold_port``.
+``hold_port``. A build with ``state_in_dram`` (the state engine): a stand-in core whose state ports a
+testbench drives (:class:`StateDriver`) writes rows back and fills them beside a token's image, 'L' and 'C';
+the rows land at StateGeometry's addresses; a lost state read and a stalled write-back end the token with
+READ_TIMEOUT until 'X'; and the real core runs tokens bit-exact with its state in the board's DRAM.
 
 The tests that touch the DRAM run with the ULX3S's 16-bit port and the ECPIX-5 DDR3's 128-bit one (two 64-bit
 beats a word) over the same 32 KiB of bytes: the same bytes must land at the same byte addresses, and loads,
@@ -43,6 +46,8 @@ from hw.dram import NativePortSignature
 from hw.dram_init import DRAMControl, WishboneSignature
 from hw.params import BuildParams
 from hw.regs import RegisterBlock
+from hw.state_cache import StateCmd, StateGeometry, state_beats
+from hw.streams import AXIStreamSignature
 from tests.hw.test_dram_reader import PORT_WIDTHS, NativePortModel, addr_width_for
 from tests.hw.uart_sim import ID_VALUES, LoopbackCore
 
@@ -1050,3 +1055,387 @@ def test_write_timeout_then_reset(port_width):
         assert await b.crc(ctx, 0x100, len(data)) == (zlib.crc32(data), 0)
 
     bench.run(script)
+
+
+# ---------------------------------------------------------------------------------------------- the state in DRAM
+
+STATE_BUILD = BUILD.replace(state_in_dram=True)
+GEO = StateGeometry(STATE_BUILD.max_hidden, STATE_BUILD.max_layers)
+STATE_BASE = GEO.base(DRAM_BYTES)
+ROW_BEATS = state_beats(STATE_BUILD.max_hidden)
+
+
+def row_address(bank: int, layer: int) -> int:
+    return STATE_BASE + GEO.offset(bank, layer)
+
+
+def row_in_mem(mem, bank: int, layer: int) -> list[int]:
+    """Row ``(bank, layer)`` as the host reads it from the DRAM: 64-bit beats, little-endian."""
+    raw = mem_bytes(mem, row_address(bank, layer), GEO.row_bytes)
+    return [int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)]
+
+
+def put_row(want: bytearray, bank: int, layer: int, beats: list[int]):
+    a = row_address(bank, layer)
+    want[a:a + GEO.row_bytes] = b"".join(b.to_bytes(8, "little") for b in beats)
+
+
+class StateTokenCore(wiring.Component):
+    """:class:`TokenCore` with a ``state_in_dram`` core's state ports (:class:`hw.top.Accelerator`'s), which a
+    :class:`StateDriver` drives from the testbench (nothing in the stand-in drives them)."""
+
+    def __init__(self):
+        self._inner = TokenCore()
+        super().__init__({**self._inner.signature.members, "state_cmd": Out(stream.Signature(StateCmd)),
+                          "m_axis_state": Out(AXIStreamSignature(64)), "s_axis_state": In(AXIStreamSignature(64))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.token_core = c = self._inner
+        connect(m, flipped(self.s_axil), c.s_axil)
+        connect(m, flipped(self.s_axis_w0), c.s_axis_w0)
+        connect(m, c.m_axis_out, flipped(self.m_axis_out))
+        m.d.comb += self.irq.eq(c.irq)
+        return m
+
+
+class StateDriver:
+    """Plays the core's :class:`hw.state_cache.StateCache` on a :class:`StateTokenCore`'s state ports: runs
+    :attr:`ops` in order, as they are appended:
+
+    - ``("write", bank, layer, beats, idle)``: the command, then the beats with ``idle`` cycles between them;
+    - ``("fill", bank, layer)``: the command, then :data:`ROW_BEATS` beats taken with random backpressure
+      (``tlast`` checked on the last, the payload held while not taken) into :attr:`fills`;
+    - ``("wait", predicate)``: until ``predicate()`` is true.
+
+    :attr:`log` gets ``(op, bank, layer, cycle accepted, cycle of the last beat)`` per transfer (cycles of
+    :attr:`Bench.cycle`); :attr:`abandon` ends a transfer in progress (the beats never come)."""
+
+    def __init__(self, bench: Bench, core: StateTokenCore, *, seed: int = 0, ready: float = 0.7):
+        self.bench, self.core = bench, core
+        self.rng = np.random.default_rng(seed)
+        self.ready = ready
+        self.ops: deque = deque()
+        self.fills: list[tuple[int, int, list[int]]] = []
+        self.log: list[tuple[str, int, int, int, int]] = []
+        self.busy = False
+        self.abandon = False
+
+    async def process(self, ctx):
+        cmd, wb, fill = self.core.state_cmd, self.core.m_axis_state, self.core.s_axis_state
+        while True:
+            if not self.ops:
+                self.busy = False
+                await ctx.tick()
+                continue
+            self.busy = True
+            op, *args = self.ops.popleft()
+            if op == "wait":
+                while not args[0]():
+                    await ctx.tick()
+                continue
+            bank, layer = args[0], args[1]
+            ctx.set(cmd.payload, {"write": op == "write", "bank": bank, "layer": layer})
+            ctx.set(cmd.valid, 1)
+            await ctx.tick().until(cmd.ready)
+            ctx.set(cmd.valid, 0)
+            accepted = self.bench.cycle
+            if op == "write":
+                beats, idle = args[2], args[3]
+                for j, beat in enumerate(beats):
+                    ctx.set(wb.tdata, beat)
+                    ctx.set(wb.tlast, j == len(beats) - 1)
+                    ctx.set(wb.tvalid, 1)
+                    while True:
+                        _, _, ready = await ctx.tick().sample(wb.tready)
+                        if ready or self.abandon:
+                            break
+                    ctx.set(wb.tvalid, 0)
+                    if self.abandon:
+                        break
+                    for _ in range(idle if j < len(beats) - 1 else 0):
+                        await ctx.tick()
+            else:
+                got, prev = [], None
+                while len(got) < ROW_BEATS and not self.abandon:
+                    ready = self.rng.random() < self.ready
+                    ctx.set(fill.tready, ready)
+                    _, _, valid, data_, last = await ctx.tick().sample(fill.tvalid, fill.tdata, fill.tlast)
+                    if prev is not None:
+                        assert valid and data_ == prev, "fill: valid dropped or payload changed before the transfer"
+                    prev = data_ if valid and not ready else None
+                    if valid and ready:
+                        assert last == (len(got) == ROW_BEATS - 1), "fill: tlast not on the last beat only"
+                        got.append(data_)
+                ctx.set(fill.tready, 0)
+                self.fills.append((bank, layer, got))
+            self.log.append((op, bank, layer, accepted, self.bench.cycle))
+            self.abandon = False
+
+
+def port_log(dut, log: list):
+    """A watcher appending ``(we, byte address, cycle)`` for every command the port takes."""
+    word = len(dut.port.rdata.payload) // 8
+
+    async def watch(ctx):
+        cycle = 0
+        async for _, _, valid, ready, we, addr in ctx.tick().sample(dut.port.cmd.valid, dut.port.cmd.ready,
+                                                                    dut.port.cmd.payload.we,
+                                                                    dut.port.cmd.payload.addr):
+            cycle += 1
+            if valid and ready:
+                log.append((int(we), int(addr) * word, cycle))
+    return watch
+
+
+def state_bench(port_width: int, *, seed: int, image_beats: int = 160, cmd_stall: float = 0.1):
+    """A ``state_in_dram`` board around :class:`StateTokenCore` with a random image of ``image_beats`` beats
+    at ``IMAGE_BASE`` and a random 9 x 13 table at ``EMBED_BASE``: ``(bench, driver, image, table)``."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(-(1 << 31), 1 << 31, size=(9, 13), dtype=np.int64)
+    image = rng.bytes(8 * image_beats)
+    mem = blank_mem(seed)
+    put_bytes(mem, EMBED_BASE, table.astype("<i4").tobytes())
+    put_bytes(mem, IMAGE_BASE, image)
+    core = StateTokenCore()
+    dut = DRAMBoard(build=STATE_BUILD, addr_width=addr_width_for(port_width, ADDR_WIDTH), port_width=port_width,
+                    clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT, core=core, dram_timeout=200)
+    bench = Bench(dut, mem, seed=seed, cmd_stall=cmd_stall)
+    return bench, StateDriver(bench, core, seed=seed + 1), image, table
+
+
+def random_row(rng) -> list[int]:
+    return [int(v) for v in rng.integers(0, 1 << 63, ROW_BEATS)]
+
+
+def image_taken(core, counts: dict):
+    """A watcher counting the beats the core takes on ``s_axis_w0`` into ``counts["w0"]``."""
+    async def watch(ctx):
+        async for _, _, valid, ready in ctx.tick().sample(core.s_axis_w0.tvalid, core.s_axis_w0.tready):
+            counts["w0"] += bool(valid and ready)
+    return watch
+
+
+def test_state_geometry_and_ports_are_checked():
+    """A state_in_dram board needs a core with the state ports and a DRAM that holds the state region; the
+    region lies at the top of the DRAM."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(TypeError, match="state_cmd"):
+            DRAMBoard(build=STATE_BUILD, addr_width=ADDR_WIDTH, clock_hz=CLOCK_HZ, core=TokenCore())
+        with pytest.raises(ValueError, match="state"):   # 256 words of 16 bits: 512 bytes, the region is 512
+            DRAMBoard(build=STATE_BUILD.replace(max_layers=3), addr_width=8, clock_hz=CLOCK_HZ,
+                      core=StateTokenCore())
+        assert STATE_BASE == DRAM_BYTES - GEO.region_bytes and STATE_BASE > EMBED_BASE
+        gc.collect()
+
+
+def test_state_rows_beside_a_token(port_width):
+    """A token streams a 160-beat image while the stand-in core writes rows back and fills rows: each written
+    row lands at StateGeometry's address, little-endian, and nothing else in the DRAM changes; a fill of an
+    unwritten row returns the bytes there; a fill after a write of the same row returns what was written
+    (also after an overwrite); image reads and state transfers interleave on the port and the image still
+    comes back complete and in order. The last write-back, with slow beats, starts as the image's last beat
+    enters the core and ends after the core's irq: the 't' reply comes only once its row is in DRAM. An image
+    that reaches into the state region is refused (NO_IMAGE) without a read."""
+    bench, drv, image, table = state_bench(port_width, seed=21)
+    mem = bench.mem
+    rng = np.random.default_rng(22)
+    want = bytearray(mem.view(np.uint8).tobytes())
+    rows = [random_row(rng) for _ in range(6)]
+    fresh = row_in_mem(mem, 1, 0)                            # never written: the DRAM's bytes
+    packet_beats = len(make_token_packet(table[4], position=3, logits=True)) // 8
+    counts = {"w0": 0}
+    log: list = []
+    st = {}
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table)
+        await b.put(ctx, lp.BoardReg.IMAGE_BASE, STATE_BASE - len(image) + 8)        # 8 bytes into the region
+        assert await b.token(ctx, 4, 3, lp.TokenFlags.LOGITS) == lp.TokenStatus.NO_IMAGE
+        assert b.model.reads == 0 and not b.packets
+        await b.put(ctx, lp.BoardReg.IMAGE_BASE, IMAGE_BASE)
+        start = counts["w0"]
+        drv.ops.extend([
+            ("wait", lambda: counts["w0"] >= start + packet_beats + 10),
+            ("write", 0, 0, rows[0], 0), ("write", 1, 1, rows[1], 2), ("fill", 0, 0), ("fill", 1, 0),
+            ("write", 0, 0, rows[2], 1), ("fill", 0, 0), ("write", 1, 0, rows[3], 0), ("fill", 1, 1),
+            ("wait", lambda: counts["w0"] >= start + packet_beats + len(image) // 8 - 1),
+            ("write", 0, 1, rows[4], 15),
+        ])
+        await b.send(ctx, cmd_token(4, 3, lp.TokenFlags.LOGITS))
+        assert await b.reply(ctx, lp.REP_TOKEN, max_cycles=30_000) == b"\x00"
+        st["reply"] = b.cycle
+        assert not drv.ops and not drv.busy, "the reply came before the last state transfer"
+        for (bank, layer), row in (((0, 0), rows[2]), ((1, 1), rows[1]), ((1, 0), rows[3]), ((0, 1), rows[4])):
+            assert row_in_mem(mem, bank, layer) == row, (bank, layer)
+        packet, img = await b.output(ctx, 2)
+        assert packet == make_token_packet(table[4], position=3, logits=True) and img == image
+
+    bench.run(script, drv.process, image_taken(drv.core, counts), port_log(bench.dut, log))
+    assert [(bank, layer, beats) for bank, layer, beats in drv.fills] == [
+        (0, 0, rows[0]), (1, 0, fresh), (0, 0, rows[2]), (1, 1, rows[1])]
+    for bank, layer, row in ((0, 0, rows[2]), (1, 1, rows[1]), (1, 0, rows[3]), (0, 1, rows[4])):
+        put_row(want, bank, layer, row)
+    assert mem.view(np.uint8).tobytes() == bytes(want), "bytes outside the written rows changed"
+    last = drv.log[-1]
+    assert last[0] == "write" and last[4] < st["reply"]
+    # the port: image reads before, between and after the state transfers, which are the rows' own
+    image_reads = [k for k, (we, a, _) in enumerate(log) if not we and a < len(image)]
+    state_cmds = [k for k, (_, a, _) in enumerate(log) if a >= STATE_BASE]
+    assert state_cmds and image_reads[0] < state_cmds[0] < image_reads[-1]
+    assert any(state_cmds[0] < k < state_cmds[-1] for k in image_reads), "no image read between the transfers"
+    word = port_width // 8
+    assert {a // GEO.row_stride * GEO.row_stride for k in state_cmds for a in [log[k][1]]} == \
+        {row_address(bank, layer) // word * word for bank in (0, 1) for layer in (0, 1)}
+
+
+def test_state_transfers_beside_loads_and_crcs(port_width):
+    """No token: the stand-in core writes and fills rows (as an 'S' stream's core would) while the host runs
+    'L' and 'C' commands; the writer serves one at a time and every byte lands where it belongs."""
+    bench, drv, _, _ = state_bench(port_width, seed=31, cmd_stall=0.2)
+    mem = bench.mem
+    rng = np.random.default_rng(32)
+    want = bytearray(mem.view(np.uint8).tobytes())
+    rows = [random_row(rng) for _ in range(8)]
+    loads = [(0x1000 + 0x200 * k, rng.bytes(8 * (40 + k))) for k in range(4)]
+
+    async def script(ctx, b):
+        drv.ops.extend([("write", k % 2, k // 2 % 2, rows[k], k % 3) for k in range(4)])
+        drv.ops.extend([("fill", k % 2, k // 2 % 2) for k in range(4)])
+        drv.ops.extend([("write", k % 2, k // 2 % 2, rows[k + 4], 0) for k in range(4)])
+        for addr, data_ in loads:
+            assert await b.load(ctx, addr, data_) == 0
+            assert (await b.crc(ctx, addr, len(data_))) == (zlib.crc32(data_), 0)
+        for _ in range(20_000):
+            if not drv.ops and not drv.busy:
+                break
+            await ctx.tick()
+        assert not drv.ops and not drv.busy
+        assert await b.crc(ctx, STATE_BASE, GEO.region_bytes) == (zlib.crc32(
+            bytes(mem.view(np.uint8)[STATE_BASE:STATE_BASE + GEO.region_bytes])), 0)
+
+    bench.run(script, drv.process)
+    assert [f[2] for f in drv.fills] == rows[:4]
+    for k in range(4):
+        put_row(want, k % 2, k // 2 % 2, rows[k + 4])
+    for addr, data_ in loads:
+        want[addr:addr + len(data_)] = data_
+    assert mem.view(np.uint8).tobytes() == bytes(want)
+
+
+def lose_state_reads(bench, after: int = 1):
+    """A watcher: once the port has taken ``after`` reads of the state region, the model answers no more."""
+    dut, word = bench.dut, len(bench.dut.port.rdata.payload) // 8
+
+    async def watch(ctx):
+        seen = 0
+        async for _, _, valid, ready, we, addr in ctx.tick().sample(dut.port.cmd.valid, dut.port.cmd.ready,
+                                                                    dut.port.cmd.payload.we,
+                                                                    dut.port.cmd.payload.addr):
+            if valid and ready and not we and int(addr) * word >= STATE_BASE:
+                seen += 1
+                if seen == after:
+                    bench.model.lose_after = bench.model.reads
+    return watch
+
+
+def test_state_read_timeout_ends_the_token_then_reset(port_width):
+    """A fill whose reads stop coming mid-token: the token ends with READ_TIMEOUT, READER_ERROR is set and the
+    next 'T' is refused at once (READ_TIMEOUT, nothing read), while 'C' still reads (the image reader was
+    aborted, the lost state reads given up); 'X' resets the state engine, and the next token's write and fill
+    run."""
+    bench, drv, image, table = state_bench(port_width, seed=41)
+    rng = np.random.default_rng(42)
+    row = random_row(rng)
+    counts = {"w0": 0}
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table)
+        drv.ops.extend([("wait", lambda: counts["w0"] >= 10), ("fill", 1, 1)])
+        assert await b.token(ctx, 2, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.READ_TIMEOUT
+        assert await b.get(ctx, lp.BoardReg.STATUS) & lp.BoardStatus.READER_ERROR
+        drv.abandon = True                                  # the core's fill is cut short
+        b.model.lose_after = None
+        reads = b.model.reads
+        assert await b.token(ctx, 2, 0) == lp.TokenStatus.READ_TIMEOUT
+        assert b.model.reads == reads
+        assert await b.crc(ctx, IMAGE_BASE, len(image)) == (zlib.crc32(image), 0)
+        assert await b.command(ctx, bytes([lp.OP_RESET]), lp.REP_RESET) == b""
+        b.words, b.packets = [], []                         # the host drops what came before 'x'
+        assert not await b.get(ctx, lp.BoardReg.STATUS) & lp.BoardStatus.READER_ERROR
+        drv.ops.extend([("wait", lambda: counts["w0"] >= 10), ("write", 1, 1, row, 0), ("fill", 1, 1)])
+        counts["w0"] = 0
+        assert await b.token(ctx, 3, 1, lp.TokenFlags.LOGITS) == 0
+        assert await b.output(ctx, 2) == [make_token_packet(table[3], position=1, logits=True), image]
+
+    bench.run(script, drv.process, image_taken(drv.core, counts), lose_state_reads(bench))
+    assert len(drv.fills) == 2 and len(drv.fills[0][2]) < ROW_BEATS and drv.fills[1] == (1, 1, row)
+    assert row_in_mem(bench.mem, 1, 1) == row
+
+
+def test_state_write_timeout_ends_the_token_then_reset(port_width):
+    """A write-back the controller never takes: the token ends with READ_TIMEOUT after dram_timeout cycles
+    without progress (the core's remaining beats never taken); 'X' frees the writer and the state engine,
+    and the next token's write-back lands."""
+    bench, drv, image, table = state_bench(port_width, seed=51, cmd_stall=0.0)
+    rng = np.random.default_rng(52)
+    row = random_row(rng)
+    counts = {"w0": 0}
+
+    def stall():
+        bench.model.cmd_stall = 1.0
+        return True
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table)
+        drv.ops.extend([("wait", lambda: counts["w0"] >= 10), ("wait", stall), ("write", 0, 1, row, 0)])
+        assert await b.token(ctx, 2, 0, lp.TokenFlags.LOGITS) == lp.TokenStatus.READ_TIMEOUT
+        drv.abandon = True
+        b.model.cmd_stall = 0.0
+        assert await b.command(ctx, bytes([lp.OP_RESET]), lp.REP_RESET) == b""
+        b.words, b.packets = [], []
+        drv.ops.extend([("wait", lambda: counts["w0"] >= 10), ("write", 0, 1, row, 0)])
+        counts["w0"] = 0
+        assert await b.token(ctx, 3, 1, lp.TokenFlags.LOGITS) == 0
+        assert await b.output(ctx, 2) == [make_token_packet(table[3], position=1, logits=True), image]
+        assert row_in_mem(b.mem, 0, 1) == row
+
+    bench.run(script, drv.process, image_taken(drv.core, counts))
+
+
+@pytest.mark.slow
+def test_tokens_with_the_state_in_dram_bit_exact(port_width):
+    """The real core built with ``state_in_dram`` on the board: three tokens from DRAM (with and without
+    LOGITS; the state carried through the board's DRAM, each layer's row written back and filled again)
+    bit-exact with the golden device, and the state region then holds the golden device's committed states
+    where StateGeometry puts them (int32, little-endian: as the host reads them): token 1's in bank 0, token
+    2's in bank 1."""
+    image, table = tiny_model()
+    gold = GoldenMachine(image)
+    state = gold.init_state()
+    steps = [(5, 0, lp.TokenFlags.LOGITS), (17, 1, 0), (60, 2, lp.TokenFlags.LOGITS)]
+    expected, states = [], []
+    for token, pos, flags in steps:
+        res = gold.run_token(make_token_packet(table[token], position=pos, logits=bool(flags)), state)
+        state = res.state
+        states.append(state)
+        expected.append(res.output if flags else summary(res.output))
+    bases = BASES[port_width]
+    mem = model_mem(image, table, bases)
+    dut = DRAMBoard(build=STATE_BUILD, addr_width=addr_width_for(port_width, ADDR_WIDTH), port_width=port_width,
+                    clock_hz=CLOCK_HZ, byte_timeout=BYTE_TIMEOUT)
+    bench = Bench(dut, mem, cmd_stall=0.1)
+
+    async def script(ctx, b):
+        await configure(ctx, b, image, table, bases=bases)
+        for step in steps:
+            assert await b.token(ctx, *step) == 0
+        assert await b.output(ctx, len(steps)) == expected
+
+    bench.run(script)
+    hidden = TINY.hidden_size
+    for bank, st in ((0, states[1]), (1, states[2])):
+        for layer in range(TINY.num_hidden_layers):
+            row = np.frombuffer(mem_bytes(mem, row_address(bank, layer), 4 * hidden), dtype="<i4")
+            assert np.array_equal(row, st[layer]), (bank, layer)
