@@ -98,7 +98,7 @@ __all__ = [
 #: module imports without Amaranth (a board host) and nothing here is a hand copy of a gateware fact.
 LATENCY_SOURCES = {
     "SCALAR_CYCLES": "hw.scalar:ScalarUnit.CYCLES",            # command transfer + isqrt / 127/A / division (62)
-    "QUANT_LATENCY": "hw.quant:Quantizer.LATENCY",             # quantize pipeline after the last source word (6)
+    "QUANT_LATENCY": "hw.quant:Quantizer.LATENCY",             # quantize pipeline after the last source word (7)
     "EPILOGUE_LATENCY": "hw.epilogue:PipelinedEpilogue.LATENCY",  # entry + 10 stages per micro-op slot (86)
     "FOLDED_ENTRY_LATENCY": "hw.epilogue:FoldedEpilogue.LATENCY_BASE",  # folded: entry to the first pass (4)
     "FOLDED_PASS_CYCLES": "hw.epilogue:FoldedEpilogue.PASS_CYCLES",     # folded: one pass of the ring (11)

@@ -26,7 +26,7 @@ MIN_LANES = 4
 MAX_LANES = 256
 #: ``done`` comes ``ceil(k / quant_lanes) + QUANT_LATENCY`` cycles after the command's transfer (the last
 #: source word is read ``ceil(k / quant_lanes) - 1`` cycles after it); ``host.perf.QUANT_LATENCY``.
-QUANT_LATENCY = 6
+QUANT_LATENCY = 7
 
 _INT32_MIN = -(1 << 31)
 _INT32_MAX = (1 << 31) - 1
@@ -93,19 +93,21 @@ class Quantizer(wiring.Component):
     are registered; ``a + 2``: their sum (the exact product) plus the rounding constant; ``a + 3``:
     arithmetic shift by ``q_shift``, saturation to int32 (``w``); ``a + 4``: ``w * r_mant`` (32 x 26)
     registered, with the sign of ``w``; ``a + 5``: plus the rounding constant (``2**(r_shift-1)``, less one
-    for a negative ``w``: half away from zero); ``a + 6``: shift by ``r_shift``, clamp to int8, into the
-    code word register; ``a + 7``: the word's write (when it completes a code word, or is the
-    last). One multiplier, adder or shifter-and-compare per cycle keeps every path short (the ECP5
-    targets of ``hw.boards``). ``done`` comes ``ceil(k / quant_lanes) + 6`` cycles after the transfer
-    (:attr:`latency` = 6, ``host.perf.QUANT_LATENCY``). ``k = 0`` is treated as one empty word: one
-    all-zero code word written at address 0, then ``done``. Throughput: one source word per cycle, no
-    stalls (the write port never pushes back); the next command is accepted 7 cycles after the last
-    word's read.
+    for a negative ``w``: half away from zero); ``a + 6``: shift by ``r_shift``, clamp to int8, registered
+    with the group's slot in its code word, the word's address and whether it completes or ends the
+    vector; ``a + 7``: the group gathered from those registers into the code word register; ``a + 8``: the
+    word's write (when it completes a code word, or is the last). One multiplier, adder or
+    shifter-and-compare per cycle keeps every path short, and the gather into the ``lanes * 8``-bit word
+    starts from flip-flops (the ECP5 targets of ``hw.boards``). ``done`` comes ``ceil(k / quant_lanes) + 7``
+    cycles after the transfer (:attr:`latency` = 7, ``host.perf.QUANT_LATENCY``). ``k = 0`` is treated as
+    one empty word: one all-zero code word written at address 0, then ``done``. Throughput: one source
+    word per cycle, no stalls (the write port never pushes back); the next command is accepted 8 cycles
+    after the last word's read.
 
     Resources: ``5 * quant_lanes`` multipliers (per lane the 32 x 32 signed product of ``mul`` as four
     16 x 16 partial products, each one 18 x 18 DSP block, and a signed 32 x unsigned 26 for
     ``quantize``); per lane two variable arithmetic right shifters (64 bits); about
-    ``quant_lanes * 371 + lanes * 8`` flip-flops; no memories (the vectors and the code buffer are
+    ``quant_lanes * 379 + lanes * 8`` flip-flops; no memories (the vectors and the code buffer are
     outside).
 
     Raises
@@ -189,7 +191,7 @@ class Quantizer(wiring.Component):
     @property
     def latency(self) -> int:
         """``done`` comes ``ceil(k / quant_lanes) + latency`` cycles after the command's transfer (:data:`LATENCY`,
-        6)."""
+        7)."""
         return self.LATENCY
 
     @property
@@ -233,8 +235,9 @@ class Quantizer(wiring.Component):
         s4 = Signal(ctl_layout)
         s5 = Signal(ctl_layout)
         s6 = Signal(ctl_layout)
+        s7 = Signal(ctl_layout)
 
-        m.d.comb += self.cmd.ready.eq(~busy & ~Cat(s.valid for s in (s1, s2, s3, s4, s5, s6)).any())
+        m.d.comb += self.cmd.ready.eq(~busy & ~Cat(s.valid for s in (s1, s2, s3, s4, s5, s6, s7)).any())
         start = self.cmd.valid & self.cmd.ready
         issue = start | busy
         cur_rem = Mux(busy, rd_rem, self.cmd.payload.k)
@@ -272,8 +275,8 @@ class Quantizer(wiring.Component):
                 sat2.eq(cmd.r_shift <= 55),
             ]
 
-        # ---- stages 1-7 per lane
-        m.d.sync += [s2.eq(s1), s3.eq(s2), s4.eq(s3), s5.eq(s4), s6.eq(s5)]
+        # ---- stages 1-6 per lane
+        m.d.sync += [s2.eq(s1), s3.eq(s2), s4.eq(s3), s5.eq(s4), s6.eq(s5), s7.eq(s6)]
         codes = Signal(data.ArrayLayout(signed(8), ql))
         for j in range(ql):
             # stage 1: the partial products of src * qc (or src * 1) over 16-bit halves (hi signed, lo
@@ -303,20 +306,35 @@ class Quantizer(wiring.Component):
             hi, lo = Signal(name=f"hi_{j}"), Signal(name=f"lo_{j}")
             m.d.sync += [sum2.eq(p2 + Mux(neg, rnd2n, rnd2)),
                          hi.eq(sat2 & ~neg & (p2 >= thr2p)), lo.eq(sat2 & neg & (p2 < nthr2n))]
-            # stage 6: clamp(sum2 >> r_shift, -128, 127); lanes >= count are 0
+            # stage 6: clamp(sum2 >> r_shift, -128, 127); lanes >= count are 0; registered (codes7)
             t2 = Signal(signed(8), name=f"t2_{j}")
             m.d.comb += t2.eq((sum2 >> r_shift)[:8])
             m.d.comb += codes[j].eq(Mux(s6.count <= j, 0, Mux(hi, 127, Mux(lo, -128, t2))))
 
-        # ---- stage 6: gather groups of ql codes into a code word; stage 7: write it
+        # ---- stage 6: the group's slot in its code word and the word's address (counters advanced per valid
+        # group), registered with the codes, so that the gather into the lanes * 8-bit word starts from flops
         group = Signal(range(groups))
         word_addr = Signal.like(self.codes.addr)
+        full = group == groups - 1
+        codes7 = Signal.like(codes)
+        slot7 = Signal.like(group)
+        addr7 = Signal.like(word_addr)
+        full7 = Signal()
+        m.d.sync += [codes7.eq(codes), slot7.eq(group), addr7.eq(word_addr), full7.eq(full)]
+        with m.If(s6.valid):
+            with m.If(s6.last):
+                m.d.sync += [group.eq(0), word_addr.eq(0)]
+            with m.Elif(full):
+                m.d.sync += [group.eq(0), word_addr.eq(word_addr + 1)]
+            with m.Else():
+                m.d.sync += group.eq(group + 1)
+
+        # ---- stage 7: gather the group of ql codes into the code word; stage 8: write it
         word = Signal(code_word_layout(self._lanes))
         word_view = word.as_value()
         we = Signal()
         done = Signal()
         wr_addr = Signal.like(self.codes.addr)
-        full = group == groups - 1
         m.d.comb += [
             self.codes.addr.eq(wr_addr),
             self.codes.data.eq(word),
@@ -324,22 +342,16 @@ class Quantizer(wiring.Component):
             self.done.eq(done),
         ]
         m.d.sync += [
-            we.eq(s6.valid & (full | s6.last)),
-            done.eq(s6.valid & s6.last),
+            we.eq(s7.valid & (full7 | s7.last)),
+            done.eq(s7.valid & s7.last),
         ]
-        with m.If(s6.valid):
+        with m.If(s7.valid):
             for g in range(groups):
                 part = word_view[g * ql * 8:(g + 1) * ql * 8]
-                with m.If(group == g):
-                    m.d.sync += part.eq(codes.as_value())
+                with m.If(slot7 == g):
+                    m.d.sync += part.eq(codes7.as_value())
                 if g:
-                    with m.Elif(group == 0):
+                    with m.Elif(slot7 == 0):
                         m.d.sync += part.eq(0)      # a new code word: the groups not yet formed are 0
-            m.d.sync += wr_addr.eq(word_addr)
-            with m.If(s6.last):
-                m.d.sync += [group.eq(0), word_addr.eq(0)]
-            with m.Elif(full):
-                m.d.sync += [group.eq(0), word_addr.eq(word_addr + 1)]
-            with m.Else():
-                m.d.sync += group.eq(group + 1)
+            m.d.sync += wr_addr.eq(addr7)
         return m
