@@ -439,7 +439,9 @@ class _SequencerState:
             # channels > 0 take their block's beats from the gearbox command on (GEMV); a channel without rows
             # has an empty block (no beats, no CRC word)
             for c in range(1, C):
-                m.d.comb += [q.wcrc_clear[c].eq(1), q.wcrc_preset[c].eq(q.gear_cmd[c].payload.rows == 0)]
+                m.d.comb += q.wcrc_clear[c].eq(1)
+            if C > 1:   # the whole signal in one assignment (bit 0 a constant alone made an empty `always @*`)
+                m.d.comb += q.wcrc_preset.eq(Cat(Const(0, 1), *[q.gear_cmd[c].payload.rows == 0 for c in range(1, C)]))
             with m.If(flag(xh.flags, InstrFlags.LOGITS)):  # this is the LM head
                 m.d.comb += q.framer.head.eq(1)
             m.next = "GEMV"
