@@ -85,6 +85,7 @@ from hw import isa
 from hw.boards import facts as _facts
 from hw.isa import Counter, InstrFlags, MicroOpcode, Opcode, TritPacking
 from hw.params import SCHEDULE_OPTIONS, BuildParams
+from hw.state_layout import state_beats
 
 __all__ = [
     "BuildParams", "Board", "BOARDS", "LATENCY_SOURCES", "latency", "RECIP_CYCLES",
@@ -111,7 +112,15 @@ LATENCY_SOURCES = {
     "GEMV_SEQ_CYCLES": "hw.sequencer:Sequencer.GEMV_CYCLES",    # GEMV_START + GEMV_DRAIN (2)
     "QUANT_CMD_CYCLES": "hw.sequencer:Sequencer.QUANT_CMD_CYCLES",  # the quantizer's command (1)
     "CRC_GAP_CYCLES": "hw.framer:OutputFramer.CRC_GAP_CYCLES",  # the output trailer's CRC word waits (1)
+    "STATE_SWAP_CYCLES": "hw.state_cache:StateCache.SWAP_CYCLES",  # state in DRAM: a swap's own cycles (4)
+    "STATE_WRITE_BACK_CYCLES": "hw.state_cache:StateCache.WRITE_BACK_CYCLES",  # a write-back, beyond 2 a beat (3)
+    "STATE_FILL_CYCLES": "hw.state_cache:StateCache.FILL_CYCLES",  # a fill, beyond 2 a beat and the board (1)
 }
+#: State in DRAM (``BuildParams.state_in_dram``): cycles from a fill's command to its first beat on a DRAM board
+#: (the board lends its port to the state engine once the image reader's reads are in, finishes a write-back
+#: before the next command, and the read crosses to the controller's clock and back). A model, not a component
+#: latency: the board's DRAM sets it.
+STATE_FILL_LATENCY = 40
 
 
 @functools.cache
@@ -283,10 +292,51 @@ class _Timeline:
     fetch_free: int = 0         #: as built: the cycle the fetcher starts the next header
     qc_free: int = 0            #: as built: the first cycle the executing instruction no longer reads QC
     prev_counters: dict | None = None   #: the previous instruction's counters (beats prefetched during it)
+    state_layer: int | None = None      #: state in DRAM: the layer whose rows the cache holds
+    state_dirty: bool = False           #: state in DRAM: its STATE_NEW row was written
 
     def __post_init__(self):
         if not self.ch_free:
             self.ch_free = [0] * self.channels
+
+
+def _touches_state(ins) -> bool:
+    """An instruction reads or writes STATE_OLD or STATE_NEW. A :class:`host.compiler.InstrPlan` lists only its
+    stores: a compiled program's first instruction to touch a layer's state stores its STATE_NEW row (the MLGRU
+    recurrence), and the later ones read the same layer's."""
+    if hasattr(ins, "stores"):
+        return isa.Buffer.STATE_NEW in ins.stores
+    return any(op.buf in (isa.Buffer.STATE_OLD, isa.Buffer.STATE_NEW) for op in ins.ops[:_n_ops(ins)])
+
+
+def state_swap_cycles(build: BuildParams, *, write_back: bool, fills: int) -> int:
+    """Cycles an instruction waits at its dispatch while the state cache swaps rows (a build with
+    ``state_in_dram``; :class:`hw.state_cache.StateCache`): the swap's own cycles, a write-back (an element a
+    cycle), and ``fills`` fills (an element a cycle after :data:`STATE_FILL_LATENCY`)."""
+    two_per_beat = 2 * state_beats(build.max_hidden)
+    return (latency("STATE_SWAP_CYCLES")
+            + (two_per_beat + latency("STATE_WRITE_BACK_CYCLES") if write_back else 0)
+            + fills * (two_per_beat + latency("STATE_FILL_CYCLES") + STATE_FILL_LATENCY))
+
+
+def _state_swap(ins, build: BuildParams, tl: _Timeline) -> int:
+    """The swap before ``ins``'s dispatch, and the cache's new state in ``tl``. The model's token is a steady
+    one: the committed state valid (a STATE_OLD fill for every layer; the first token after a reset has none),
+    and no layer returned to (no STATE_NEW fill)."""
+    if not build.state_in_dram:
+        return 0
+    if ins.opcode is Opcode.END_TOKEN:
+        swap = state_swap_cycles(build, write_back=True, fills=0) if tl.state_dirty else 0
+        tl.state_layer, tl.state_dirty = None, False
+        return swap
+    if not _touches_state(ins):
+        return 0
+    swap = 0
+    if ins.layer != tl.state_layer:
+        swap = state_swap_cycles(build, write_back=tl.state_dirty, fills=1)
+        tl.state_layer, tl.state_dirty = ins.layer, False
+    tl.state_dirty = tl.state_dirty or isa.Buffer.STATE_NEW in _writes(ins)[0]
+    return swap
 
 
 def _depends(ins, prev) -> bool:
@@ -332,7 +382,7 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         c0 = max(h0 + hb + latency("FETCH_CHECK_CYCLES"), tl.qc_free)     # first constant beat
         r = c0 + cb + latency("SEQ_CHECK_CYCLES") if cb else h0 + hb + latency("FETCH_CHECK_CYCLES")
         # striped constants on channels > 0 (a proposed layout): they precede the weights there
-        dispatch = max(ready, r, *(t0 + 1 + h for h in head[1:]))
+        dispatch = max(ready, r, *(t0 + 1 + h for h in head[1:])) + _state_swap(ins, build, tl)
         head_done = dispatch + (0 if ins.opcode is Opcode.END_TOKEN else 1)
         # this instruction's header and constant beats taken while the previous instruction still ran
         early = min(max(t0 - h0 + 1, 0), hb) + (min(max(t0 - c0 + 1, 0), cb) if cb else 0)
@@ -343,7 +393,8 @@ def _step(ins, info, build: BuildParams, tl: _Timeline) -> Step:
         head_done_ch = [head_done] * build.channels
     else:
         # double-buffered header unit: this header replaces the one of the instruction before the previous
-        head_done_ch = [max(tl.ch_free[ch], tl.done_before) + h for ch, h in enumerate(head)]
+        swap = _state_swap(ins, build, tl)
+        head_done_ch = [max(tl.ch_free[ch], tl.done_before) + h + swap for ch, h in enumerate(head)]
     head_done = max(head_done_ch)
     new_ch = [max(t, d) for t, d in zip(tl.ch_free, head_done_ch, strict=True)]
 

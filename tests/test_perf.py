@@ -337,3 +337,27 @@ def test_latencies_are_read_from_the_components():
 def test_build_params_validation(kw, match):
     with pytest.raises(ValueError, match=match):
         BuildParams(**kw)
+
+
+def test_state_in_dram_adds_one_swap_a_layer(small):
+    """A build with the state in DRAM: each layer's first state-touching instruction waits for a swap (the
+    previous layer's STATE_NEW row written back, this layer's STATE_OLD row filled), END_TOKEN for the last
+    write-back; the parsed image (micro-ops) and the plan (stores) give the same schedule."""
+    w, fm = small
+    image = compile_model(w, CompileOptions(formats=fm))
+    parsed = parse_image(image)
+    prog = _shape(SMALL)
+    build = BuildParams(lanes=32, max_hidden=SMALL.hidden_size, max_layers=4)
+    on = build.replace(state_in_dram=True)
+    base, _ = token_counters(parsed.instructions, parsed.info, build)
+    per, tot = token_counters(parsed.instructions, parsed.info, on)
+    assert (per, tot) == token_counters(prog.instructions, prog, on)
+    L = SMALL.num_hidden_layers
+    fill = perf.state_swap_cycles(on, write_back=False, fills=1)
+    both = perf.state_swap_cycles(on, write_back=True, fills=1)
+    last = perf.state_swap_cycles(on, write_back=True, fills=0)
+    assert tot[Counter.CYCLES] - sum(c[Counter.CYCLES] for c in base) == fill + (L - 1) * both + last
+    two = 2 * -(-SMALL.hidden_size // 2)
+    assert both - fill == two + perf.latency("STATE_WRITE_BACK_CYCLES")
+    assert fill == perf.latency("STATE_SWAP_CYCLES") + two + perf.latency("STATE_FILL_CYCLES") + \
+        perf.STATE_FILL_LATENCY
