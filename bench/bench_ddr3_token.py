@@ -1,10 +1,12 @@
 """Benchmark: whole tokens of the ECPIX-5 DDR3 board at the 370M shape in the C++ harness (simulated).
 
-:mod:`sim.ddr3_token` runs ``Ddr3Ecp5Top``'s logic (``DRAMBoard`` at 128 bits, the core with 40 lanes and 4
-quantize lanes at the 370M shape's capacities, ``Ddr3Crossings``, the LiteDRAM DDR3 simulation core) at a 72 MHz
-core clock and a 75 MHz controller clock, with the bundle put into the DDR3 model through a back door and the
-tokens driven by the host's ECP5 driver over the link's byte streams (no UART). Each token's logits are compared
-bit for bit with the golden device's.
+:mod:`sim.ddr3_token` runs ``Ddr3Ecp5Top``'s logic (``DRAMBoard`` at 128 bits, the core of the 370M bitstream
+build: ``hw.boards.ecp5.DDR3_BUILD``'s lanes and quantize lanes, the 370M shape's capacities and the recurrent state
+in DRAM (``state_in_dram``, served by the board's ``StateEngine``); ``Ddr3Crossings``, the LiteDRAM DDR3 simulation
+core) at the ECPIX-5's core clock (``sim.ddr3_token.CORE_HZ``, 68 MHz) and a 75 MHz controller clock, with the
+bundle put into the DDR3 model through a back door and the tokens driven by the host's ECP5 driver over the link's
+byte streams (no UART). Each token's logits are compared bit for bit with the golden device's, and the state's
+committed bank in DRAM with the golden device's state.
 
 Writes ``bench/results/ddr3_token_370m.json`` (``--out``): provenance (command, revision, machine), ``lscpu``'s CPU,
 the load average before and after, ``settings`` (the core's build, the clocks, the DRAM settings record, the
@@ -14,9 +16,11 @@ register writes), ``tokens`` (per token: ``bit_exact``, ``argmax``, ``cycles`` (
 command to the output packet's last link byte, logits mode), ``hw_cycles`` (the core's own ``CYCLES`` counter),
 ``model_cycles`` (host.perf's cycle model for the build with a stream at full rate), ``dram_cycles``,
 ``rd_bursts``, ``read_window``, ``efficiency_read_window``, ``efficiency_token`` (bytes read over 8 bytes a
-controller cycle), ``tokens_per_s`` (simulated: 72 MHz over ``cycles``), ``sim_wall_s``, ``cycles_per_s``),
-``summary`` (the first token's figures, ``stream_efficiency`` as DESIGN.md defines it with the core's cycles, and
-``bit_exact`` over all tokens). Every rate is labelled simulated; nothing here ran on a board.
+controller cycle), ``tokens_per_s`` (simulated: the core clock over ``cycles``), ``sim_wall_s``, ``cycles_per_s``,
+``state_bank`` and ``state_rows_equal``), ``summary`` (the first token's figures, ``stream_efficiency`` as DESIGN.md
+defines it with the core's cycles, ``bit_exact`` over all tokens and ``state_rows_equal`` over all tokens). The
+first token after reset writes every layer's state row back to DRAM and fills none; later tokens (``--tokens``)
+also fill each layer's row first. Every rate is labelled simulated; nothing here ran on a board.
 
 Usage (under the heavy-job lock)::
 
@@ -119,17 +123,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out} [{s['board']}]: bit-exact {s['bit_exact']}; {s['cycles_per_token']:,} core cycles a token (core "
               f"counter {s['hw_cycles_per_token']:,}, cycle model {s['model_cycles_per_token']:,}); DRAM efficiency "
               f"{s['dram_efficiency_read_window']:.4f} (read window), {s['dram_efficiency_token']:.4f} (token); "
-              f"{s['tokens_per_s_simulated']:.3f} tokens/s simulated", file=sys.stderr)
-    return 0 if all(s["bit_exact"] for s in runs) else 1
+              f"{s['tokens_per_s_simulated']:.3f} tokens/s simulated; state rows in DRAM equal the golden state: "
+              f"{s['state_rows_equal']}", file=sys.stderr)
+    return 0 if all(s["bit_exact"] and s["state_rows_equal"] is not False for s in runs) else 1
 
 
 def summary(result: dict, bundle, params, board: str) -> dict:
     """The first token's figures of a :func:`sim.ddr3_token.run_case` result (module docstring), with
     DESIGN.md's stream efficiency ``max(image bytes / 8, trits / lanes) / core cycles`` on the core's counter."""
+    from sim import ddr3_token as dt
+
     first = result["tokens"][0]
     n_trits = sum(ins.n * ins.k for ins in _instructions(bundle.image))
     return {
         "board": board, "bit_exact": all(t["bit_exact"] for t in result["tokens"]),
+        "state_in_dram": params.state_in_dram,
+        "state_rows_equal": all(t["state_rows_equal"] for t in result["tokens"]) if params.state_in_dram else None,
         "cycles_per_token": first["cycles"], "hw_cycles_per_token": first["hw_cycles"],
         "model_cycles_per_token": first["model_cycles"],
         "hw_over_model": first["hw_cycles"] / first["model_cycles"] if first["model_cycles"] else None,
@@ -138,7 +147,8 @@ def summary(result: dict, bundle, params, board: str) -> dict:
         "stream_efficiency": max(len(bundle.image) / 8, n_trits / params.lanes) / first["hw_cycles"],
         "tokens_per_s_simulated": first["tokens_per_s"], "sim_cycles_per_s": first["cycles_per_s"],
         "sim_wall_s": first["sim_wall_s"],
-        "label": "simulated (Verilator; 72 MHz core, 75 MHz controller; not a board measurement)"}
+        "label": f"simulated (Verilator; {dt.CORE_HZ / 1e6:g} MHz core, {dt.DRAM_HZ / 1e6:g} MHz controller; not a "
+                 "board measurement)"}
 
 
 def _instructions(image: bytes):

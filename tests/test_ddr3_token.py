@@ -1,10 +1,12 @@
 """Whole tokens of the ECPIX-5 DDR3 board in Verilator, bit-exact with the golden device (issue 23; sim/ddr3_token).
 
 The harness (:mod:`sim.ddr3_token`) simulates ``Ddr3Ecp5Top``'s logic (``DRAMBoard`` at 128 bits with the core at
-the 370M shape's capacities, ``hw.boards.ecp5.DDR3_BUILD``'s lanes and quantize lanes; ``Ddr3Crossings``; the
-LiteDRAM DDR3 simulation core) at 72 MHz core / 75 MHz controller, fills DRAM through a back door and drives the
-board with the host's ECP5 driver over the link's byte streams. Opt-in: ``MMFREE_DDR3_TOKEN=1`` (a Verilator build
-of several minutes and 1 GiB for the DDR3 model); run it under ``flock /tmp/heavy.lock``.
+the 370M shape's capacities and the recurrent state in DRAM, ``hw.boards.ecp5.DDR3_BUILD``'s lanes and quantize
+lanes; ``Ddr3Crossings``; the LiteDRAM DDR3 simulation core) at the ECPIX-5's design clock (68 MHz core, 75 MHz
+controller), fills DRAM through a back door and drives the board with the host's ECP5 driver over the link's byte
+streams; after each token the state's committed bank in DRAM is compared with the golden device's state.
+Opt-in: ``MMFREE_DDR3_TOKEN=1`` (a Verilator build of several minutes and 1 GiB for the DDR3 model); run it under
+``flock /tmp/heavy.lock``.
 ``MMFREE_DDR3_TOKEN_370M=1`` adds the whole 370M shape (random weights, about 2 GB of host memory and minutes of
 simulation a token).
 """
@@ -51,8 +53,11 @@ def _weights(shape: dict, seed: int):
 def _check(result: dict, n_tokens: int) -> None:
     toks = result["tokens"]
     assert len(toks) == n_tokens
-    for t in toks:
+    for pos, t in enumerate(toks):
         assert t["bit_exact"], t
+        # the build keeps the state in DRAM: the token's commit made bank (pos + 1) % 2 current, and its rows there
+        # (read through the back door) are the golden device's state
+        assert t["state_bank"] == (pos + 1) % 2 and t["state_rows_equal"] is True, t
         assert t["argmax"][0] == t["argmax"][1]
         # the core's counter runs inside the harness's window (the 'T' bytes to the output's last byte)
         assert 0 < t["hw_cycles"] <= t["cycles"]
@@ -68,7 +73,8 @@ def test_small_random_model_bit_exact(built):
     """The host's read leveling over the link (``level=True``: :meth:`host.devices.ecp5.Ecp5Transport.level` through
     the board's control-bus crossing), then three tokens of a small random model, logits bit-exact with the golden
     device; the back door checked by the board's CRC through the controller, its first block (which the leveling's
-    test bursts overwrote) included.
+    test bursts overwrote) included. The state lives in DRAM: after each token the committed bank's rows equal the
+    golden device's state, and the tokens after the first take the cycles of a fill per layer more.
 
     The simulation model has no delay lines or bitslip (its read data arrive at a fixed latency), so every lane's
     window is all 8 taps at every bitslip and the procedure picks bitslip 0, delay 3: this proves the CSR map, the DFI
@@ -80,6 +86,10 @@ def test_small_random_model_bit_exact(built):
     ids = np.random.default_rng(5).integers(0, SMALL["vocab_size"], 3)
     result = run_case(built, bundle, ids, level=True)
     _check(result, 3)
+    # the first token after reset fills no state row (the state reads as zero) and writes every layer's back; the
+    # later ones also fill each layer's row first, an element a cycle (max_hidden of them a row: 1024)
+    cycles = [t["hw_cycles"] for t in result["tokens"]]      # the same instructions every token
+    assert all(c - cycles[0] >= SMALL["num_hidden_layers"] * built.params.max_hidden // 2 for c in cycles[1:]), cycles
     lanes = result["leveling_lanes"]
     assert [ln["module"] for ln in lanes] == [0, 1], lanes
     for ln in lanes:

@@ -5,9 +5,10 @@ What is simulated (:func:`sim_top`, top module ``ddr3_token_sim``) is the logic 
 :class:`hw.boards.ecp5.Ddr3Ecp5Top` less its PLLs, pins and UART:
 
 - :class:`hw.boards.dram_board.DRAMBoard` (``port_width=128``, ``hold_port=True``) with the real core
-  (:class:`hw.top.Accelerator`) at :func:`design_point` (the ECPIX-5's 64-bit base-3 channel, the lanes and
-  quantize lanes of ``hw.boards.ecp5.DDR3_BUILD``, the folded epilogue; capacities of the 370M shape), in ``sync``
-  at :data:`CORE_HZ`;
+  (:class:`hw.top.Accelerator`) at :func:`design_point` (the 370M build of the ECPIX-5 bitstream: its 64-bit base-3
+  channel, the lanes and quantize lanes of ``hw.boards.ecp5.DDR3_BUILD``, the folded epilogue, capacities of the
+  370M shape and the recurrent state in DRAM, served by the board's :class:`hw.boards.dram_board.StateEngine`), in
+  ``sync`` at :data:`CORE_HZ`;
 - :class:`hw.boards.ecp5.Ddr3Crossings` (the native port through :class:`hw.dram_cdc.NativePortCDC`, the control bus
   through :class:`hw.wishbone_cdc.WishboneCDC`, the status bits through synchronizers): two clocks as on the board;
 - :class:`hw.dram.LiteDRAMCore` (``hold_port=True``) on the ECPIX-5 config's simulation core
@@ -28,7 +29,12 @@ time, :data:`CORE_HZ` cycles a second), so every command, reply and token goes t
 :class:`host.devices.ecp5.UartLink`'s encoding. Its transport (:class:`Ddr3TokenTransport`) replaces only the load:
 the bytes :func:`host.devices.ecp5.dram_contents` lays out (the image at 0, the int32 table at the next 4 KiB) go
 through the back door, then the layout's board registers and ``IMAGE_VALID`` over the link, as
-:meth:`host.devices.ecp5.Ecp5Transport.load_model` writes them after its CRC check.
+:meth:`host.devices.ecp5.Ecp5Transport.load_model` writes them after its CRC check. The back door writes only
+below the state region (``StateGeometry(max_hidden, max_layers).base(DRAM_BYTES)``, :mod:`hw.state_layout`: the
+top 256 KiB of the 512 MiB at the 370M capacities), as the driver's load does (its ``state_reserve``); the region
+starts as the DDR3 model's zeros, which the core never reads (the first token after reset fills no row). After
+each token :func:`run_case` reads the committed bank's rows back through the back door and compares them with the
+golden device's state.
 
 The build (:func:`build`) is cached in ``build/ddr3_token/<key>/`` (the key hashes ``hw/**/*.py``, this package's
 files, the design point and the tools) and serialised on a lock file there.
@@ -86,23 +92,26 @@ BYTE_TIMEOUT = 1 << 24
 
 
 def design_point():
-    """The core the harness builds: the ECPIX-5 DDR3 top's channel (``hw.boards.ecp5.DEFAULT_PARAMS``: one 64-bit
-    base-3 channel, the folded epilogue) with :data:`hw.boards.ecp5.DDR3_BUILD`'s lanes (40: one base-3 beat, 40
-    trits, a cycle) and quantize lanes, capacities of the 370M shape (hidden 1024, intermediate 2816, 32 layers:
-    the next power of two of 24), at :data:`CORE_HZ`.
+    """The core the harness builds: the 370M build as the ECPIX-5 bitstream makes it (``python -m hw.boards
+    ecpix5-85f --dram --shape 370m``): the DDR3 top's channel (``hw.boards.ecp5.DEFAULT_PARAMS``: one 64-bit base-3
+    channel, the folded epilogue) with :data:`hw.boards.ecp5.DDR3_BUILD`'s lanes (40: one base-3 beat, 40 trits, a
+    cycle) and quantize lanes, the 370M shape's capacities (:data:`hw.boards.facts.CAPACITY_370M`: hidden 1024,
+    intermediate 2816, 32 layers, the next power of two of 24) and the recurrent state in DRAM (``state_in_dram``:
+    one layer's rows in :class:`hw.state_cache.StateCache`, both banks in the region
+    :class:`hw.state_layout.StateGeometry` places at the top of the DRAM, served by the board's
+    :class:`hw.boards.dram_board.StateEngine`), at :data:`CORE_HZ`.
 
     Returns
     -------
     hw.params.BuildParams
     """
     from hw.boards.ecp5 import DDR3_BUILD, DEFAULT_PARAMS
+    from hw.boards.facts import CAPACITY_370M
     from hw.params import BuildParams
 
-    layers = 1 << (SHAPE_370M["num_hidden_layers"] - 1).bit_length()
     return BuildParams.from_mapping({**DEFAULT_PARAMS, "lanes": DDR3_BUILD["lanes"],
-                                     "quant_lanes": DDR3_BUILD["quant_lanes"], "max_hidden": SHAPE_370M["hidden_size"],
-                                     "max_intermediate": SHAPE_370M["intermediate_size"], "max_layers": layers,
-                                     "fmax_mhz": CORE_HZ / 1e6})
+                                     "quant_lanes": DDR3_BUILD["quant_lanes"], **CAPACITY_370M,
+                                     "state_in_dram": True, "fmax_mhz": CORE_HZ / 1e6})
 
 
 def sim_top():
@@ -524,8 +533,10 @@ def _transport_class():
             self.require_port("load a bundle into DRAM")
             t0 = time.monotonic()
             layout, data = dram_contents(self.stream, table)
-            if layout.total_bytes > self.board[BoardReg.DRAM_BYTES]:
-                raise DeviceError(f"ddr3 token harness: the bundle needs {layout.total_bytes:,} bytes of DRAM")
+            room = self.board[BoardReg.DRAM_BYTES] - self.state_reserve
+            if layout.total_bytes > room:
+                raise DeviceError(f"ddr3 token harness: the bundle needs {layout.total_bytes:,} bytes of DRAM, "
+                                  f"{room:,} lie below the recurrent state's region")
             link = self.link
             link.board_write(BoardReg.STATUS, 0)
             self.harness.dram_write(0, data)
@@ -654,12 +665,17 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
         ``sim_cpu_s``, ``cycles_per_s`` (core cycles a wall second); and ``init_cycles``, ``backdoor_s``,
         ``crc_checked`` (blocks), ``leveling`` (the result's text, or None), ``leveling_lanes`` (per lane ``module``,
         ``bitslip``, ``delay``, ``window`` and ``scans``: bitslip -> bit errors per tap; or None), ``harness`` (its
-        final counters).
+        final counters). A build with ``state_in_dram`` adds per token ``state_bank`` (the bank the token's commit
+        made current: 1 after the first token after reset, then alternating) and ``state_rows_equal`` (that bank's
+        rows of the model's layers, read through the back door at :class:`hw.state_layout.StateGeometry`'s
+        addresses, equal the golden device's state element for element; the rows past the model's hidden size
+        are not compared).
     """
     import zlib
 
     from host.devices.ecp5 import dram_contents
     from host.devices.golden import GoldenDevice
+    from hw.boards.link_protocol import BoardReg
 
     params = built.params
     gold = GoldenDevice(**params.device_kwargs())
@@ -716,15 +732,37 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
                  "tokens_per_s": CORE_HZ / cycles, "sim_wall_s": round(wall, 2),
                  "sim_cpu_s": round((c1["sim_cpu_ns"] - c0["sim_cpu_ns"]) / 1e9, 2),
                  "cycles_per_s": round(cycles / wall) if wall else None}
+            if params.state_in_dram:
+                r["state_bank"] = (pos + 1) % 2
+                r["state_rows_equal"] = _state_rows_equal(h, params, dev.transport.board[BoardReg.DRAM_BYTES],
+                                                          r["state_bank"], gold.save_state().payload)
             d_prev, g_prev = d_now, g_now
             out["tokens"].append(r)
             log(f"token {pos} (id {tok}): bit-exact {r['bit_exact']}, argmax {r['argmax']}, {cycles:,} core cycles "
                 f"(core counter {r['hw_cycles']:,}, model {r['model_cycles']:,}), read efficiency "
                 f"{r['efficiency_read_window'] or 0:.4f} in the read window, {r['efficiency_token'] or 0:.4f} over the "
-                f"token; {r['tokens_per_s']:.3f} tokens/s simulated; {wall:.1f} s wall, {r['cycles_per_s']} cycles/s")
+                f"token; {r['tokens_per_s']:.3f} tokens/s simulated; {wall:.1f} s wall, {r['cycles_per_s']} cycles/s"
+                + (f"; state rows in DRAM bank {r['state_bank']} equal the golden state: {r['state_rows_equal']}"
+                   if params.state_in_dram else ""))
         out["harness"] = h.counters()
         dev.close()
         return out
     finally:
         h.close()
         gold.close()
+
+
+def _state_rows_equal(h: Harness, params, dram_bytes: int, bank: int, state: np.ndarray) -> bool:
+    """Whether bank ``bank``'s rows in the harness's DRAM (:class:`hw.state_layout.StateGeometry` of ``params`` at
+    the top of ``dram_bytes``; int32 little-endian) hold ``state`` (the golden device's, int64 [L, H]) in their first
+    H elements."""
+    from hw.state_layout import StateGeometry
+
+    geo = StateGeometry(params.max_hidden, params.max_layers)
+    base = geo.base(dram_bytes)
+    n_layers, hidden = state.shape
+    for layer in range(n_layers):
+        row = np.frombuffer(h.dram_read(base + geo.offset(bank, layer), geo.row_bytes), dtype="<i4")[:hidden]
+        if not np.array_equal(row.astype(np.int64), state[layer]):
+            return False
+    return True
