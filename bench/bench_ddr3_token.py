@@ -14,7 +14,8 @@ harness's Verilator and C++ flags), ``model`` (shape, seed, image and table byte
 Verilog conversion, Verilator and the C++ compile; whether it was cached), ``load_s`` (the back door and the
 register writes), ``tokens`` (per token: ``bit_exact``, ``argmax``, ``cycles`` (core cycles from the ``'T'``
 command to the output packet's last link byte, logits mode), ``hw_cycles`` (the core's own ``CYCLES`` counter),
-``model_cycles`` (host.perf's cycle model for the build with a stream at full rate), ``dram_cycles``,
+``model_cycles`` (host.perf's cycle model for the build with a stream at full rate; its steady token fills every
+layer's state row, which the first token after reset does not), ``dram_cycles``,
 ``rd_bursts``, ``read_window``, ``efficiency_read_window``, ``efficiency_token`` (bytes read over 8 bytes a
 controller cycle), ``tokens_per_s`` (simulated: the core clock over ``cycles``), ``sim_wall_s``, ``cycles_per_s``,
 ``state_bank`` and ``state_rows_equal``), ``summary`` (the first token's figures, ``stream_efficiency`` as DESIGN.md

@@ -113,9 +113,10 @@ def test_370m_token_bit_exact(built):
 
 def test_small_model_weight_fifo_depths():
     """The board as built (``hw.boards.dram_board.W0_FIFO_DEPTH`` entries in the weight stream's FIFO to the core)
-    keeps the core within 10 % of the cycle model's full-rate stream, and a one-entry FIFO substituted in the harness
-    (``sim.ddr3_token.sim_top``'s variant: the board before W0_FIFO_DEPTH) takes about twice as many cycles (a beat
-    every other cycle); both bit-exact."""
+    keeps the core within 10 % of the cycle model's full-rate stream (the model's token fills every layer's state
+    row, the first token none), and a one-entry FIFO substituted in the harness (``sim.ddr3_token.sim_top``'s
+    variant: the board before W0_FIFO_DEPTH) passes a beat every other cycle: at least 0.8 of a cycle more per beat
+    of the image than the board as built; both bit-exact."""
     if os.environ.get("MMFREE_DDR3_TOKEN") != "1":
         pytest.skip("opt-in: MMFREE_DDR3_TOKEN=1 (two Verilator builds of the DDR3 token harness)")
     from sim.ddr3_token import as_built_w0_fifo_depth, build, compile_bundle, run_case
@@ -128,6 +129,7 @@ def test_small_model_weight_fifo_depths():
     one = run_case(build(w0_fifo_depth=1), bundle, ids)
     _check(as_built, 2)
     _check(one, 2)
+    beats = len(bundle.image) // 8
     for a, o in zip(as_built["tokens"], one["tokens"], strict=True):
-        assert a["hw_cycles"] < 1.1 * a["model_cycles"]
-        assert o["hw_cycles"] > 1.8 * o["model_cycles"]
+        assert 0.9 * a["model_cycles"] < a["hw_cycles"] < 1.1 * a["model_cycles"]
+        assert o["hw_cycles"] - a["hw_cycles"] > 0.8 * beats

@@ -656,32 +656,38 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
     Returns
     -------
     dict
-        ``tokens``: per token ``bit_exact`` (logits equal), ``argmax`` (both devices'), ``cycles`` (core cycles of
-        the harness from ``'T'`` queued to the output's last byte; ``dram_cycles`` likewise), ``hw_cycles`` (the
-        core's ``CYCLES`` counter), ``model_cycles`` (:mod:`host.perf`'s cycle model for the build, through the
-        golden device), ``rd_bursts`` (DFI reads: 16 bytes each), ``read_window`` (controller cycles from the
-        token's first DFI read to its last), ``efficiency_read_window`` and ``efficiency_token`` (bytes read over 8
-        bytes a controller cycle), ``tokens_per_s`` (simulated: :data:`CORE_HZ` over ``cycles``), ``sim_wall_s``,
-        ``sim_cpu_s``, ``cycles_per_s`` (core cycles a wall second); and ``init_cycles``, ``backdoor_s``,
-        ``crc_checked`` (blocks), ``leveling`` (the result's text, or None), ``leveling_lanes`` (per lane ``module``,
-        ``bitslip``, ``delay``, ``window`` and ``scans``: bitslip -> bit errors per tap; or None), ``harness`` (its
-        final counters). A build with ``state_in_dram`` adds per token ``state_bank`` (the bank the token's commit
-        made current: 1 after the first token after reset, then alternating) and ``state_rows_equal`` (that bank's
-        rows of the model's layers, read through the back door at :class:`hw.state_layout.StateGeometry`'s
-        addresses, equal the golden device's state element for element; the rows past the model's hidden size
-        are not compared).
+        ``tokens``: per token ``bit_exact`` (logits equal), ``argmax`` (both devices'), ``cycles`` (core cycles of the
+        harness from ``'T'`` queued to the output's last byte; ``dram_cycles`` likewise), ``hw_cycles`` (the core's
+        ``CYCLES`` counter), ``model_cycles`` (:func:`host.perf.token_counters`' ``CYCLES`` for the image on the
+        harness's build, every token alike: the model's token is a steady one, which with ``state_in_dram`` fills every
+        layer's state row, and the first token after reset fills none), ``rd_bursts`` (DFI reads: 16 bytes each),
+        ``read_window`` (controller cycles from the token's first DFI read to its last), ``efficiency_read_window`` and
+        ``efficiency_token`` (bytes read over 8 bytes a controller cycle), ``tokens_per_s`` (simulated: :data:`CORE_HZ`
+        over ``cycles``), ``sim_wall_s``, ``sim_cpu_s``, ``cycles_per_s`` (core cycles a wall second); and
+        ``init_cycles``, ``backdoor_s``, ``crc_checked`` (blocks), ``leveling`` (the result's text, or None),
+        ``leveling_lanes`` (per lane ``module``, ``bitslip``, ``delay``, ``window`` and ``scans``: bitslip -> bit errors
+        per tap; or None), ``harness`` (its final counters). A build with ``state_in_dram`` adds per token
+        ``state_bank`` (the bank the token's commit made current: 1 after the first token after reset, then alternating)
+        and ``state_rows_equal`` (that bank's rows of the model's layers, read through the back door at
+        :class:`hw.state_layout.StateGeometry`'s addresses, equal the golden device's state element for element; the
+        rows past the model's hidden size are not compared).
     """
     import zlib
 
     from host.devices.ecp5 import dram_contents
     from host.devices.golden import GoldenDevice
+    from host.perf import token_counters
     from hw.boards.link_protocol import BoardReg
+    from hw.isa import Counter
 
     params = built.params
     gold = GoldenDevice(**params.device_kwargs())
     t0 = time.perf_counter()
     gold.load(bundle)
     log(f"golden device loaded in {time.perf_counter() - t0:.1f} s")
+    # the golden device's own counters model a build of its device fields only (no capacities, no state_in_dram)
+    image = gold.machine.image
+    model_cycles = int(token_counters(image.instructions, image.info, params)[1][Counter.CYCLES])
     h = Harness(built)
     try:
         init = h.wait_init()
@@ -710,7 +716,6 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
                                     "window": list(ln.window), "scans": {b: list(e) for b, e in ln.scans.items()}}
                                    for ln in dev.leveling.lanes],
                                "tokens": []}
-        g_prev = gold.counters().get("hw_cycles", 0)
         d_prev = dev.counters().get("hw_cycles", 0)
         for pos, tok in enumerate(token_ids):
             h.mark()
@@ -718,14 +723,14 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
             logits = dev.step(int(tok))
             c1 = h.counters()
             ref = gold.step(int(tok))
-            d_now, g_now = dev.counters()["hw_cycles"], gold.counters()["hw_cycles"]
+            d_now = dev.counters()["hw_cycles"]
             cycles, dcycles = c1["core_cycles"] - c0["core_cycles"], c1["dram_cycles"] - c0["dram_cycles"]
             rd = c1["rd"] - c0["rd"]
             window = c1["rd_last"] - c1["rd_first"] + 1 if rd else 0
             wall = (c1["sim_ns"] - c0["sim_ns"]) / 1e9
             r = {"position": pos, "token": int(tok), "bit_exact": bool(np.array_equal(logits, ref)),
                  "argmax": [int(np.argmax(logits)), int(np.argmax(ref))], "cycles": cycles, "dram_cycles": dcycles,
-                 "hw_cycles": d_now - d_prev, "model_cycles": g_now - g_prev, "rd_bursts": rd,
+                 "hw_cycles": d_now - d_prev, "model_cycles": model_cycles, "rd_bursts": rd,
                  "read_window": window, "refresh": c1["ref"] - c0["ref"],
                  "efficiency_read_window": rd * 16 / (8 * window) if window else None,
                  "efficiency_token": rd * 16 / (8 * dcycles) if dcycles else None,
@@ -736,7 +741,7 @@ def run_case(built: Build, bundle, token_ids, *, level: bool = False, crc_blocks
                 r["state_bank"] = (pos + 1) % 2
                 r["state_rows_equal"] = _state_rows_equal(h, params, dev.transport.board[BoardReg.DRAM_BYTES],
                                                           r["state_bank"], gold.save_state().payload)
-            d_prev, g_prev = d_now, g_now
+            d_prev = d_now
             out["tokens"].append(r)
             log(f"token {pos} (id {tok}): bit-exact {r['bit_exact']}, argmax {r['argmax']}, {cycles:,} core cycles "
                 f"(core counter {r['hw_cycles']:,}, model {r['model_cycles']:,}), read efficiency "
