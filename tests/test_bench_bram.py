@@ -59,6 +59,13 @@ def test_buffer_of():
     assert bb.buffer_of("board.core.buf_x.bank2") == "X activation buffer"
     assert bb.buffer_of("phy.fifo.storage") == "UART receive FIFO"
     assert bb.buffer_of("board.reader.fifo.storage") == "DRAM image reader FIFO"
+    assert bb.buffer_of("board.core.state.rows") == "recurrent state cache (one layer; state_in_dram)"
+    assert bb.buffer_of("board.state_reader.fifo.storage") == "DRAM state reader FIFO"
+    assert bb.buffer_of("crossings.port_cdc.cmd_fifo.storage") == "DDR3 clock crossings"
+    assert bb.buffer_of("linked.board.core.state.rows") == "recurrent state cache (one layer; state_in_dram)"
+    assert bb.buffer_of("linked.board.core.buf_c3.bank1") == "constant banks C0-C3"
+    assert bb.buffer_of("linked.board.state_reader.request.fifo.storage") == "DRAM state reader FIFO"
+    assert bb.buffer_of("linked.phy.fifo.storage") == "UART receive FIFO"
     assert bb.buffer_of("core.something") == "other: something"
 
 
@@ -168,17 +175,14 @@ def test_summarise_totals_and_disagreement():
     assert s["buffers"][0]["buffer"] == "recurrent state (two banks)" and s["buffers"][0]["dp16kd"] == 31
 
 
-def test_state_in_dram_variant():
-    point = {"total_dp16kd": 250, "buffers": [{"buffer": "recurrent state (two banks)", "dp16kd": 128},
-                                              {"buffer": "A buffer", "dp16kd": 16}]}
-    v = bb.state_in_dram(point, {"dp16kd": 8})
-    assert (v["total_dp16kd"], v["frees_dp16kd"], v["fits"]) == (130, 120, True)
+@pytest.mark.parametrize("state_in_dram", [False, True])
+def test_params_370m_within_gateware_limits(state_in_dram):
+    from hw.boards.facts import CAPACITY_370M
 
-
-def test_params_370m_within_gateware_limits():
-    p = bb.params_370m()
+    p = bb.params_370m(state_in_dram=state_in_dram)
     design = bb.design_point()
-    assert (p.max_hidden, p.max_intermediate, p.max_layers) == (1024, 2816, 32)
+    assert (p.max_hidden, p.max_intermediate, p.max_layers) == (1024, 2816, 32) == tuple(CAPACITY_370M.values())
+    assert p.state_in_dram is state_in_dram
     assert (p.lanes, p.channels, p.bus_bits, p.quant_lanes, p.packing, p.epilogue_folded) == \
         (design.lanes, design.channels, design.bus_bits, design.quant_lanes, design.packing, design.epilogue_folded)
 
@@ -194,7 +198,7 @@ def yosys():
 
 def test_vector_buffer_mapped_and_attributed(tmp_path, yosys):
     """A 370M A buffer (2816 elements in 4 banks, narrow and wide reads) alone: 4 banks x 2 read-port copies x
-    2 blocks (704 x 32 as 1K x 18), every mapped cell attributed, and the state cache model."""
+    2 blocks (704 x 32 as 1K x 18), every mapped cell attributed."""
     from hw.vbuf import VectorBuffer
 
     vb = VectorBuffer(depth=2816, banks=4, read_group=4)
@@ -206,7 +210,18 @@ def test_vector_buffer_mapped_and_attributed(tmp_path, yosys):
     assert {r["memory"]: r["dp16kd"] for r in e["memories"]} == {f"bank{k}": 4 for k in range(4)}
     assert all(r["formula_agrees"] for r in e["memories"])
     assert all("hw/vbuf.py:" in r["src"] for r in e["memories"])      # where the Memory( was made
-    cache = bb.state_cache(1024, tmp_path / "cache", 300, yosys)
-    assert (cache["depth"], cache["width"], cache["sync_reads"]) == (2048, 32, 2)
-    assert cache["dp16kd"] == cache["expected_dp16kd"] == 8
+    shutil.rmtree(tmp_path)
+
+
+def test_state_cache_mapped(tmp_path, yosys):
+    """The core's state cache of a state_in_dram build at the 370M capacities (hw.state_cache.StateCache, the
+    gateware) alone: its one memory, two rows of 1024 int32 (2048 x 32) with two synchronous reads (STATE_OLD,
+    STATE_NEW) and one write, is 2 copies x 4 blocks = 8 DP16KD, as the formula says."""
+    from hw.state_cache import StateCache
+
+    e = bb.map_memories(StateCache(max_hidden=1024, max_layers=32), None, tmp_path / "sc", timeout=300, yosys=yosys)
+    (row,) = [r for r in e["memories"] if r.get("depth") == 2048]
+    assert (row["memory"], row["width"], row["sync_reads"], row["writes"]) == ("rows", 32, 2, 1)
+    assert row["dp16kd"] == row["expected_dp16kd"] == 8 == e["total_dp16kd"]
+    assert not e["unattributed"]
     shutil.rmtree(tmp_path)
