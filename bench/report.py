@@ -371,11 +371,6 @@ def bram_section(data: dict) -> str:
         if c:
             out.append(f"- `{n}` against the committed bitstream's nextpnr count: {c['nextpnr_dp16kd']} DP16KD, "
                        f"{'agrees' if c.get('agrees') else 'DIFFERS'}.")
-        v = d.get(f"{n}_state_in_dram")
-        if v:
-            out.append(f"- `{n}` with the recurrent state in DRAM and a cache of {v['cache_dp16kd']} DP16KD for the "
-                       f"layer in flight: {v['total_dp16kd']} of {v['part_dp16kd']} DP16KD (frees "
-                       f"{v['frees_dp16kd']}; {v['label']}).")
     out.append(f"- Status: {d.get('label', '—')}; revision {rev(d)}.")
     return "\n".join(out)
 
@@ -868,8 +863,8 @@ def ddr3_token_section(data: dict) -> str:
                 "model's core time (the token's build at its core clock) and the DRAM time (the image over the peak "
                 f"of {fmt(proj[0]['peak_bytes_per_cycle'])} bytes per controller cycle at the simulated "
                 f"{pct(proj[0]['efficiency'])}). The 370M row checks the method against the simulated token; the "
-                "1.3B shape would also need buffers for its hidden size of 2048 and the recurrent state in DRAM "
-                "(docs/DDR3.md, \"What remains\"), so no bitstream runs it.\n\n")
+                "1.3B shape would also need buffers for its hidden size of 2048 (docs/DDR3.md), so no bitstream runs "
+                "it.\n\n")
         out += table(["shape", "image bytes", "core time (cycle model)", "DRAM time", "tokens/s", "bound", "status"],
                      [[p["model"], fmt(p["image_bytes"]), f"{fmt(p['core_s'] * 1e3)} ms",
                        f"{fmt(p['dram_s'] * 1e3)} ms", fmt(p["tokens_per_s"]), p["bound"], "projected"]

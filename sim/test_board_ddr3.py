@@ -69,7 +69,8 @@ def ddr3_design_point() -> dict:
     from hw.boards import ecp5
 
     info, point = ecp5.BOARDS["ecpix5-85f"], ecp5.DDR3_BUILD
-    core = {**ecp5.DEFAULT_PARAMS, "lanes": point["lanes"], "quant_lanes": point["quant_lanes"]}
+    core = {**ecp5.DEFAULT_PARAMS, "lanes": point["lanes"], "quant_lanes": point["quant_lanes"],
+            **ecp5.SHAPES[point["shape"]]}
     top = ecp5.Ddr3Ecp5Top(core_params=core, clk_in_hz=info.clk_hz, freq_hz=point["freq_mhz"] * 1e6,
                            baud=point["baud"], dram_config=info.dram_config, uart=info.uart)
     f_dram = top.dram_clocks["dram"]

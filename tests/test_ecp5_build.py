@@ -14,6 +14,7 @@ from amaranth.sim import Simulator
 
 from hw.boards import __main__ as dispatcher
 from hw.boards import ecp5
+from hw.boards.facts import CAPACITY_370M
 from hw.dram import NativePortSignature
 from hw.dram_init import WishboneSignature
 
@@ -410,7 +411,12 @@ def test_dispatcher_builds_the_ddr3_top_by_default(monkeypatch):
     assert (kw["freq_mhz"], kw["lanes"], kw["quant_lanes"], kw["baud"]) == (
         point["freq_mhz"], point["lanes"], point["quant_lanes"], point["baud"])
     assert (kw["placer"], kw["router"]) == ("static", "router2")
+    # the 370M shape's capacities with the state in DRAM (its two banks would not fit the block RAM)
+    assert point["shape"] == "370m" and kw["state_in_dram"] is True
+    assert {k: kw[k] for k in ("max_hidden", "max_intermediate", "max_layers")} == CAPACITY_370M
     rep = json.loads((ROOT / "bitstreams" / "ecpix5-85f" / "report.json").read_text())
+    assert {k: rep["params"][k] for k in (*CAPACITY_370M, "state_in_dram")} == {**CAPACITY_370M, "state_in_dram": True}
+    assert "--shape 370m" in rep["command"]
     assert (rep["target_mhz"], rep["lanes"], rep["params"]["quant_lanes"], rep["baud"], rep["placer"],
             rep["router"], rep["seed"]) == (kw["freq_mhz"], kw["lanes"], kw["quant_lanes"], kw["baud"], kw["placer"],
                                            kw["router"], kw["seed"])      # make bitstream repeats the committed build
@@ -720,3 +726,19 @@ def test_dispatcher_passes_xilinx_boards_their_own_options(monkeypatch):
     assert seen == [("kv260", Path("x"), {"lanes": 32})]
     with pytest.raises(SystemExit):     # a nextpnr seed is an ECP5 option, whatever its value
         dispatcher.main(["kv260", "--lanes", "32", "--seed", "1", "--out", "x"])
+
+
+def test_shape_option_and_build_tag(monkeypatch):
+    """``--shape`` sets the core's capacities and the state in DRAM (the DRAM top only); the build tag and the
+    report's command say so, so that the command repeats the build."""
+    seen = []
+    monkeypatch.setattr(ecp5, "build", lambda board, out, **kw: seen.append(kw) or 0)
+    assert dispatcher.main(["ecpix5-85f", "--shape", "shipped"]) == 0
+    assert "state_in_dram" not in seen[-1] and "max_hidden" not in seen[-1]
+    assert dispatcher.main(["ulx3s-85f", "--shape", "370m"]) == 0
+    assert seen[-1]["state_in_dram"] is True and seen[-1]["max_layers"] == CAPACITY_370M["max_layers"]
+    with pytest.raises(SystemExit):
+        dispatcher.main(["ecpix5-85f", "--no-dram", "--shape", "370m"])
+    core = {**ecp5.DEFAULT_PARAMS, **ecp5.SHAPES["370m"]}
+    assert ecp5.shape_of(core) == "370m" and ecp5.shape_of(dict(ecp5.DEFAULT_PARAMS)) == "shipped"
+    assert ecp5.build_tag(core, 68, 1, dram=True).endswith("_h1024_sd_f68_s1")

@@ -77,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dram", action=argparse.BooleanOptionalAction, default=None,
                     help="ECP5: the DRAM top (the model in the board's SDRAM or DDR3, tokens over the link; boards "
                          "with a LiteDRAM config) or, with --no-dram, the stream top (default: the chosen build)")
-    ap.add_argument("--shape", choices=("shipped", "370m"), default="shipped",
-                    help="ECP5 DRAM top: the buffer capacities: the shipped model's (default) or the 370M shape's "
+    ap.add_argument("--shape", choices=sorted(ecp5.SHAPES), default=None,
+                    help="ECP5 DRAM top: the buffer capacities: the shipped model's or the 370M shape's "
                          "(hw.boards.facts.CAPACITY_370M), with the recurrent state in the board's DRAM "
-                         "(state_in_dram; its two banks would not fit the block RAM)")
+                         "(state_in_dram; its two banks would not fit the block RAM) (default: the chosen build's, "
+                         "else shipped)")
     ap.add_argument("--sdram-phase", type=float, default=None, metavar="DEG",
                     help="ECP5 DRAM top: phase of the SDRAM clock against the controller clock, degrees "
                          "(default: hw.boards.ecp5.SDRAM_CLK_PHASE_DEG)")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             ("--placer-density", args.placer_density is not None), ("--place-only", args.place_only),
             ("--lut-mapper", args.lut_mapper is not None), ("--pipelined-epilogue", args.pipelined_epilogue),
             ("--sdram-phase", args.sdram_phase is not None),
-            ("--sweep", args.sweep), ("--publish", args.publish is not None), ("--shape", args.shape != "shipped"),
+            ("--sweep", args.sweep), ("--publish", args.publish is not None), ("--shape", args.shape is not None),
             ("--seed", args.seed is not None),
             ("several --lanes values", args.lanes is not None and len(args.lanes) > 1)) if given]
         if ecp5_only:
@@ -138,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.pipelined_epilogue:
             extra["epilogue_folded"] = False
         extra["dram"] = dram
-        if args.shape == "370m":
+        shape = args.shape or (chosen.get("shape", "shipped") if dram else "shipped")
+        if shape != "shipped":
             if not dram:
-                ap.error("--shape 370m needs the DRAM top (--dram): the recurrent state lives in the board's DRAM")
-            from hw.boards.facts import CAPACITY_370M
-            extra.update(CAPACITY_370M, state_in_dram=True)
+                ap.error(f"--shape {shape} needs the DRAM top (--dram): the recurrent state lives in the board's DRAM")
+            extra.update(ecp5.SHAPES[shape])
         if args.sdram_phase is not None:
             extra["sdram_phase_deg"] = args.sdram_phase
         try:

@@ -43,15 +43,15 @@ from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from hw.boards.facts import BOARDS as FACTS
-from hw.boards.facts import BoardFacts
+from hw.boards.facts import CAPACITY_370M, BoardFacts
 from hw.dram import ECPIX5_CONFIG, ULX3S_CONFIG
 from hw.params import BuildParams
 from hw.provenance import git_revision
 
 __all__ = ["BOARDS", "CHOSEN", "BoardInfo", "Ecp5Top", "DramEcp5Top", "Ddr3Ecp5Top", "LinkedCore", "LinkedDramBoard",
            "pll_config", "pll_phase_output", "build", "LUT_MAPPERS", "sweep", "publish", "collect_sweep",
-           "DEFAULT_PARAMS", "DEFAULT_BUILD", "DDR3_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG", "SDRAM_PINS",
-           "DDR3_PINS", "Ddr3Crossings", "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE", "cross_ddr3"]
+           "DEFAULT_PARAMS", "DEFAULT_BUILD", "SHAPES", "shape_of", "DDR3_BUILD", "REPO_ROOT", "SDRAM_CLK_PHASE_DEG",
+           "SDRAM_PINS", "DDR3_PINS", "Ddr3Crossings", "dram_top_class", "ftdi_baud", "FTDI_BAUD_BASE", "cross_ddr3"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +64,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PARAMS = {"lanes": 32, "channels": 1, "bus_bits": 64, "quant_lanes": 8, "packing": "base3",
                   "max_hidden": 324, "max_intermediate": 868, "max_layers": 8, "epilogue_folded": True}
 DEFAULT_BUILD = BuildParams.from_mapping(DEFAULT_PARAMS)
+#: The DRAM top's shapes (``python -m hw.boards --shape``): core parameters over :data:`DEFAULT_PARAMS`. ``370m``:
+#: the 370M shape's capacities (:data:`hw.boards.facts.CAPACITY_370M`) with the recurrent state in the board's DRAM
+#: (its two banks would need more block RAM than the part has, docs/DDR3.md); it runs the shipped model too.
+SHAPES: dict[str, dict] = {"shipped": {}, "370m": {**CAPACITY_370M, "state_in_dram": True}}
+
+
+def shape_of(core: dict) -> str:
+    """The :data:`SHAPES` key whose parameters ``core`` has (``shipped`` when none of the others matches)."""
+    for name, params in SHAPES.items():
+        if params and all(core.get(k) == v for k, v in params.items()):
+            return name
+    return "shipped"
 
 
 @dataclass(frozen=True)
@@ -1260,6 +1272,7 @@ def build(board: str, out_dir: Path | None = None, *, freq_mhz: float = 60.0, ba
                    + (f" --placer-density {density:g}" if density is not None else "")
                    + (f" --lut-mapper {lut_mapper}" if lut_mapper != "abc9" else "")
                    + (" --dram" if ddr3 else f" --dram --sdram-phase {sdram_phase_deg:g}" if dram else " --no-dram")
+                   + ("" if shape_of(core) == "shipped" else f" --shape {shape_of(core)}")
                    + (" --place-only" if place_only else ""),
     }
     if dram:
@@ -1429,9 +1442,10 @@ def sweep(board: str, configs: list[dict], out_dir: Path | None = None) -> list[
 #: The configuration each board builds by default (``make bitstream BOARD=...``), that of its committed bitstream:
 #: the board's design point of :data:`hw.boards.facts.BOARDS` (lanes, quantize lanes, clock, and the link's rate, the
 #: core clock divided by a whole number) with the placer, router and seed that closed it (bitstreams/README.md).
-#: The ECPIX-5: the DDR3 top (:class:`Ddr3Ecp5Top`), 40 lanes and one quantize lane at 68 MHz, 4 Mbaud, the static
-#: placer and router2 (the same top at 72 MHz routed at 67.02 MHz; more than 40 lanes would gain nothing, as the one
-#: 64-bit weight channel carries 40 trits a beat). The ULX3S (-6 part): the DRAM top (:class:`DramEcp5Top`, the
+#: The ECPIX-5: the DDR3 top (:class:`Ddr3Ecp5Top`) with the 370M shape's capacities and the recurrent state in
+#: DRAM (:data:`SHAPES` ``370m``), 40 lanes and one quantize lane at 68 MHz, 4 Mbaud, the static placer and router2
+#: (the same top at 72 MHz routed at 70.21 MHz; more than 40 lanes would gain nothing, as the one 64-bit weight
+#: channel carries 40 trits a beat). The ULX3S (-6 part): the DRAM top (:class:`DramEcp5Top`, the
 #: model in the SDRAM) with 16 lanes and one quantize lane at the controller's 50 MHz (16 trits a cycle already
 #: exceed what the SDRAM delivers, issue 22), nextpnr's static placer with seed 2 (seeds 1 and 2 with 4 quantize
 #: lanes placed at 37-41 MHz).
@@ -1439,12 +1453,12 @@ CHOSEN: dict[str, dict] = {
     key: {"lanes": FACTS[key].design.lanes, "quant_lanes": FACTS[key].design.quant_lanes,
           "freq_mhz": FACTS[key].design.fmax_mhz, "baud": FACTS[key].link_baud, "router": "router1",
           "dram": BOARDS[key].dram_config is not None, **extra}
-    for key, extra in (("ecpix5-85f", {"placer": "static", "router": "router2"}),
+    for key, extra in (("ecpix5-85f", {"placer": "static", "router": "router2", "shape": "370m"}),
                        ("ulx3s-85f", {"placer": "static", "seed": 2}))}
 
 
 #: The ECPIX-5's DDR3 build (:class:`Ddr3Ecp5Top`), its chosen build: 40 lanes in the core's own 68 MHz domain,
 #: 1 quantize lane (with 4, no placement routed: docs/DDR3.md), 4 Mbaud (68 MHz / 17, a rate the
-#: FT2232H makes exactly). The one home of that design point for the simulations that model it
-#: (``sim/test_board_ddr3.py``, ``sim/ddr3_token``): :data:`CHOSEN`'s.
-DDR3_BUILD: dict = {k: CHOSEN["ecpix5-85f"][k] for k in ("lanes", "quant_lanes", "freq_mhz", "baud")}
+#: FT2232H makes exactly), the 370M shape (:data:`SHAPES`). The one home of that design point for the simulations
+#: that model it (``sim/test_board_ddr3.py``, ``sim/ddr3_token``): :data:`CHOSEN`'s.
+DDR3_BUILD: dict = {k: CHOSEN["ecpix5-85f"][k] for k in ("lanes", "quant_lanes", "freq_mhz", "baud", "shape")}

@@ -105,13 +105,12 @@ def design_point():
     -------
     hw.params.BuildParams
     """
-    from hw.boards.ecp5 import DDR3_BUILD, DEFAULT_PARAMS
-    from hw.boards.facts import CAPACITY_370M
+    from hw.boards.ecp5 import DDR3_BUILD, DEFAULT_PARAMS, SHAPES
     from hw.params import BuildParams
 
     return BuildParams.from_mapping({**DEFAULT_PARAMS, "lanes": DDR3_BUILD["lanes"],
-                                     "quant_lanes": DDR3_BUILD["quant_lanes"], **CAPACITY_370M,
-                                     "state_in_dram": True, "fmax_mhz": CORE_HZ / 1e6})
+                                     "quant_lanes": DDR3_BUILD["quant_lanes"], **SHAPES["370m"],
+                                     "fmax_mhz": CORE_HZ / 1e6})
 
 
 def sim_top():
