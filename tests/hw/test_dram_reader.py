@@ -32,6 +32,17 @@ ADDR_WIDTH = 12  # 4096 words of 16 bits: 8 KiB
 PORT_WIDTHS = (16, 128)
 
 
+def _take(beats: list, layout, valid, ready, bits, prev):
+    """One cycle of the reader's output: a beat offered and not taken must stay offered unchanged (``prev``: its
+    bits, or None); a taken beat goes to ``beats`` as (data, last). Returns the beat still offered, or None."""
+    if prev is not None:
+        assert valid and bits == prev, "o: valid dropped or payload changed before the transfer"
+    if valid and ready:
+        c = data.Const(layout, bits)
+        beats.append((int(c.data), bool(c.last)))
+    return bits if valid and not ready else None
+
+
 def addr_width_for(port_width: int, addr_width_16: int = ADDR_WIDTH) -> int:
     """The word address bits of a ``port_width`` port over the memory of ``addr_width_16`` 16-bit words."""
     return addr_width_16 - (port_width // 16).bit_length() + 1
@@ -144,12 +155,7 @@ def run_reader(dut, mem, requests, *, seed=0, cmd_stall=0.0, out_stall=0.0, late
                 if err:
                     st["error"] = True
                     return
-                if prev is not None:
-                    assert valid and bits == prev, "o: valid dropped or payload changed before the transfer"
-                prev = bits if valid and not ready else None
-                if valid and ready:
-                    c = data.Const(layout, bits)
-                    got[k].append((int(c.data), bool(c.last)))
+                prev = _take(got[k], layout, valid, ready, bits, prev)
             cycles.append(cycle - start)
             ctx.set(dut.o.ready, 0)
             for _ in range(5):   # nothing more after the last beat
@@ -338,12 +344,7 @@ def run_abort(dut, model, first, second, *, abort_after_beats=None, abort_cycles
             st["error"] |= err
             if err:
                 break
-            if prev is not None:
-                assert valid and bits == prev, "o: valid dropped or payload changed before the transfer"
-            prev = bits if valid and not ready else None
-            if valid and ready:
-                c = data.Const(layout, bits)
-                st["beats"].append((int(c.data), bool(c.last)))
+            prev = _take(st["beats"], layout, valid, ready, bits, prev)
         ctx.set(dut.o.ready, 1)
         st["extra"] = 0
         for _ in range(40):   # nothing more: no late word turns into a beat
@@ -468,12 +469,7 @@ def run_hold(dut, model, request, holds, *, out_stall=0.0, seed=0, max_cycles=60
             if err:
                 st["error"], st["error_at"] = True, into if left else None
                 return
-            if prev is not None:
-                assert valid and bits == prev, "o: valid dropped or payload changed before the transfer"
-            prev = bits if valid and not ready else None
-            if valid and ready:
-                c = data.Const(layout, bits)
-                st["beats"].append((int(c.data), bool(c.last)))
+            prev = _take(st["beats"], layout, valid, ready, bits, prev)
             if left:
                 left, into = left - 1, into + 1
         else:
