@@ -48,10 +48,6 @@ __all__ = ["StateCmd", "StateGeometry", "StateCache", "state_beats", "STATE_BEAT
 INT32 = signed(32)
 
 
-def _pow2(v: int) -> int:
-    return 1 << ceil_log2(max(v, 1))
-
-
 class StateCmd(data.Struct):
     """``StateCache.cmd``'s payload: one row transfer.
 
@@ -140,7 +136,7 @@ class StateCache(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        half = _pow2(self._max_hidden)
+        half = 1 << ceil_log2(self._max_hidden)   # a row's elements, rounded up to a power of two
         hb = ceil_log2(half)
         n_el = 2 * self.beats                       # elements a transfer moves
         nl = self._max_layers

@@ -71,6 +71,16 @@ class StateGeometry:
             raise ValueError(f"a DRAM of {dram_bytes} bytes cannot hold the state's {self.region_bytes}")
         return dram_bytes - self.region_bytes
 
+    @property
+    def row_shift(self) -> int:
+        """``log2(row_stride)``: where a row's layer starts in its offset."""
+        return self.row_stride.bit_length() - 1
+
+    @property
+    def bank_shift(self) -> int:
+        """``log2(bank_stride)``: the bank's bit in an offset (the layer takes the bits between)."""
+        return self.bank_stride.bit_length() - 1
+
     def offset(self, bank: int, layer: int) -> int:
-        """Byte offset of row ``(bank, layer)`` in the region."""
-        return bank * self.bank_stride + layer * self.row_stride
+        """Byte offset of row ``(bank, layer)`` in the region: ``bank << bank_shift | layer << row_shift``."""
+        return bank << self.bank_shift | layer << self.row_shift

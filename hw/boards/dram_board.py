@@ -987,7 +987,6 @@ class StateEngine(wiring.Component):
         m = Module()
         geo = self._geometry
         beats = state_beats(geo.max_hidden)
-        lb = ceil_log2(geo.max_layers)
         write = Signal()
         addr = Signal(self._baw)
         left = Signal(range(beats + 1))         # a write's beats still to take from the core
@@ -1002,7 +1001,7 @@ class StateEngine(wiring.Component):
                 m.d.comb += self.cmd.ready.eq(~self.blocked)
                 with m.If(self.cmd.valid & self.cmd.ready):
                     c = self.cmd.payload
-                    offset = Cat(Const(0, ceil_log2(geo.row_stride)), c.layer[:lb], c.bank)
+                    offset = (c.layer[:geo.bank_shift - geo.row_shift] << geo.row_shift) | (c.bank << geo.bank_shift)
                     m.d.sync += [write.eq(c.write), addr.eq(self._base + offset), left.eq(beats), stall.eq(0)]
                     m.next = "HOLD"
             with m.State("HOLD"):           # the image reader offers no more reads; those in flight come in
